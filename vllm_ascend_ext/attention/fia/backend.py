@@ -1,0 +1,95 @@
+"""FIA attention backend (standard decoder attention, GQA/MHA), one fused call a step.
+
+Capabilities are declared truthfully: what the operator path cannot compute
+(sliding window, sinks, ALiBi, soft-cap, fp8 KV cache, cross/encoder attention,
+context parallelism, non-causal decoders) is refused at startup by the platform's
+backend selection, never computed wrongly.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import AttentionBackend, AttentionType, MultipleOf
+from vllm.v1.kv_cache_interface import KVCacheLayout
+
+from vllm_ascend_ext.ops.fia_checks import (
+    BLOCK_SIZE_ALIGN,
+    EMULATION_DTYPES,
+    SUPPORTED_HEAD_SIZES,
+)
+
+BACKEND_NAME = "ASCEND_EXT_FIA"
+
+
+class AscendFIABackend(AttentionBackend):
+    # The forward writes K/V with the per-step int32 slots from the builder.
+    forward_includes_kv_cache_update: bool = True
+    supported_dtypes: ClassVar[list[torch.dtype]] = list(EMULATION_DTYPES)
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "float16", "bfloat16"]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls():
+        from vllm_ascend_ext.attention.fia.impl import AscendFIAImpl
+
+        return AscendFIAImpl
+
+    @staticmethod
+    def get_builder_cls():
+        from vllm_ascend_ext.attention.fia.builder import AscendFIAMetadataBuilder
+
+        return AscendFIAMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(BLOCK_SIZE_ALIGN)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_HEAD_SIZES)
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        return (KVCacheLayout.LBHNC,)
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_non_causal(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_mm_prefix(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_pcp(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_dcp(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        # FIA's host lists come from the CPU query lengths.
+        return False

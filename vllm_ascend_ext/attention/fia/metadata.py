@@ -1,0 +1,22 @@
+"""Per-step metadata of the FIA backend: built once per step, read by every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AscendFIAMetadata:
+    num_actual_tokens: int  # real tokens (the runner may pad beyond this)
+    num_reqs: int
+    max_query_len: int
+    max_seq_len: int
+    causal: bool
+    # Device tensors, sliced to the real requests / tokens.
+    block_table: torch.Tensor  # int32 [num_reqs, max_blocks]
+    slot_indices: torch.Tensor  # int32 [num_actual_tokens], cast once per step
+    # Host lists for FIA (SymInt[]): cumulative query ends, per-request kv lengths.
+    actual_seq_lengths_q: tuple[int, ...]
+    actual_seq_lengths_kv: tuple[int, ...]

@@ -1,0 +1,198 @@
+"""Argument checks for ``npu_fused_infer_attention_score`` (FIA), shared by the
+reference and the meta implementation.
+
+They read shapes, dtypes and host lists only (never tensor data), so they run on
+``meta`` tensors too. Constraints follow ``shared/npu-ops.md`` section 1; each one
+the NPU would reject is rejected here with a message naming the argument.
+
+Relaxations of the emulation, on purpose and documented in README:
+- fp32 query/key/value are accepted (exact tests); the NPU takes fp16/bf16 only.
+Implemented subset: ``input_layout="TND"``; ``sparse_mode`` 0, 2, 3, 4; no
+quantization, pse, shared prefix, rope or padding-size inputs (a non-None value
+for those raises ``NotImplementedError`` naming it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+NPU_DTYPES = (torch.float16, torch.bfloat16)
+EMULATION_DTYPES = NPU_DTYPES + (torch.float32,)
+# Head sizes served through TND + block_table. The aclnn doc lists 128 (and 192/128)
+# for TND non-MLA; vllm-ascend serves 64- and 256-dim models through the same path
+# and sglang measured 128/256 on Ascend 950, so those are accepted [I].
+SUPPORTED_HEAD_SIZES = (64, 128, 192, 256)
+MAX_GQA_RATIO = 64
+MAX_BATCH = 4096
+MASK_SIDE = 2048
+SPARSE_MODES = (0, 2, 3, 4)  # 1 (allMask) and 9 (tree) are not implemented
+MAX_BLOCK_SIZE = 1024
+BLOCK_SIZE_ALIGN = 16
+UNSUPPORTED_OPTIONALS = (
+    "pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2",
+    "quant_offset2", "antiquant_scale", "antiquant_offset", "key_antiquant_scale",
+    "key_antiquant_offset", "value_antiquant_scale", "value_antiquant_offset",
+    "query_padding_size", "kv_padding_size", "key_shared_prefix",
+    "value_shared_prefix", "actual_shared_prefix_len", "query_rope", "key_rope",
+    "key_rope_antiquant_scale",
+)
+
+
+class FIAArgumentError(ValueError):
+    """An FIA call the NPU operator would reject."""
+
+
+@dataclass(frozen=True)
+class FIAPlan:
+    """What the checks established, in plain values."""
+
+    num_tokens: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    value_head_size: int
+    q_lens: tuple[int, ...]  # per request
+    kv_lens: tuple[int, ...]  # per request
+    cu_q: tuple[int, ...]  # len B + 1, starts at 0
+    cu_kv: tuple[int, ...] | None  # packed K/V only
+    paged: bool
+    block_size: int
+
+
+def _fail(msg: str) -> None:
+    raise FIAArgumentError(f"npu_fused_infer_attention_score: {msg}")
+
+
+def _as_ints(name: str, values: Sequence[int] | None) -> tuple[int, ...]:
+    if values is None:
+        _fail(f"{name} is required with input_layout='TND'")
+    if isinstance(values, torch.Tensor):
+        _fail(f"{name} must be a host list of ints (SymInt[]), got a tensor")
+    return tuple(int(v) for v in values)
+
+
+def _check_cumulative(name: str, cum: tuple[int, ...], total: int) -> tuple[int, ...]:
+    prev = 0
+    for i, v in enumerate(cum):
+        if v < prev:
+            _fail(f"{name} must be non-decreasing (cumulative); element {i} is {v} < {prev}")
+        prev = v
+    if cum and cum[-1] != total:
+        _fail(f"{name}[-1] = {cum[-1]} must equal the packed token count {total}")
+    return (0,) + cum
+
+
+def check_fia(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    atten_mask: torch.Tensor | None,
+    actual_seq_lengths: Sequence[int] | None,
+    actual_seq_lengths_kv: Sequence[int] | None,
+    block_table: torch.Tensor | None,
+    num_heads: int,
+    input_layout: str,
+    num_key_value_heads: int,
+    sparse_mode: int,
+    block_size: int,
+    unsupported: dict[str, object],
+) -> FIAPlan:
+    for name, val in unsupported.items():
+        if val is not None:
+            raise NotImplementedError(
+                f"npu_fused_infer_attention_score reference: {name} is not implemented"
+            )
+    if input_layout != "TND":
+        raise NotImplementedError(
+            f"npu_fused_infer_attention_score reference: input_layout={input_layout!r} "
+            "is not implemented (TND only)"
+        )
+    if query.dtype not in EMULATION_DTYPES:
+        _fail(f"query dtype {query.dtype} not supported (fp16/bf16; fp32 in emulation)")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        _fail(f"key/value dtype ({key.dtype}/{value.dtype}) must match query ({query.dtype})")
+    if query.dim() != 3:
+        _fail(f"TND query must be [T, N, D], got shape {tuple(query.shape)}")
+    T, n, d = query.shape
+    if n != num_heads:
+        _fail(f"query has {n} heads but num_heads={num_heads}")
+    kvh = num_key_value_heads or num_heads
+    if num_heads % kvh:
+        _fail(f"num_heads={num_heads} is not divisible by num_key_value_heads={kvh}")
+    if num_heads // kvh > MAX_GQA_RATIO:
+        _fail(f"GQA ratio {num_heads // kvh} exceeds {MAX_GQA_RATIO}")
+    if d not in SUPPORTED_HEAD_SIZES:
+        _fail(f"head size {d} not supported (allowed: {SUPPORTED_HEAD_SIZES})")
+    if sparse_mode not in SPARSE_MODES:
+        _fail(f"sparse_mode={sparse_mode} not supported (allowed: {SPARSE_MODES})")
+    if sparse_mode in (2, 3, 4):
+        if atten_mask is None:
+            _fail(f"sparse_mode={sparse_mode} needs the {MASK_SIDE}x{MASK_SIDE} compressed mask")
+        if tuple(atten_mask.shape[-2:]) != (MASK_SIDE, MASK_SIDE) or atten_mask.numel() != MASK_SIDE**2:
+            _fail(
+                f"sparse_mode={sparse_mode} needs atten_mask of shape ({MASK_SIDE}, {MASK_SIDE}), "
+                f"got {tuple(atten_mask.shape)}"
+            )
+    if atten_mask is not None and atten_mask.dtype not in (torch.bool, torch.int8, torch.uint8):
+        _fail(f"atten_mask dtype {atten_mask.dtype} not supported (bool/int8/uint8)")
+
+    cu_q_end = _as_ints("actual_seq_lengths", actual_seq_lengths)
+    B = len(cu_q_end)
+    if B == 0 or B > MAX_BATCH:
+        _fail(f"batch of {B} requests not supported (1..{MAX_BATCH})")
+    cu_q = _check_cumulative("actual_seq_lengths", cu_q_end, T)
+    q_lens = tuple(cu_q[i + 1] - cu_q[i] for i in range(B))
+    kv_raw = _as_ints("actual_seq_lengths_kv", actual_seq_lengths_kv)
+    if len(kv_raw) != B:
+        _fail(
+            f"actual_seq_lengths_kv has {len(kv_raw)} entries, actual_seq_lengths has {B}; "
+            "the lists must be as long as the batch"
+        )
+
+    paged = block_table is not None
+    cu_kv = None
+    if paged:
+        if block_table.dtype != torch.int32 or block_table.dim() != 2:
+            _fail(f"block_table must be int32 [B, max_blocks], got {block_table.dtype} "
+                  f"{tuple(block_table.shape)}")
+        if block_table.shape[0] < B:
+            _fail(f"block_table has {block_table.shape[0]} rows for a batch of {B}")
+        if block_size <= 0 or block_size % BLOCK_SIZE_ALIGN or block_size > MAX_BLOCK_SIZE:
+            _fail(f"block_size={block_size} must be a positive multiple of "
+                  f"{BLOCK_SIZE_ALIGN} up to {MAX_BLOCK_SIZE}")
+        if key.dim() == 3:  # BnBsH (nb, bs, KV_N*D)
+            if key.shape[1] != block_size or key.shape[2] != kvh * d:
+                _fail(f"paged key cache {tuple(key.shape)} does not match "
+                      f"(num_blocks, {block_size}, {kvh}*{d})")
+        elif key.dim() == 4:  # BnNBsD (nb, KV_N, bs, D)
+            if tuple(key.shape[1:]) != (kvh, block_size, d):
+                _fail(f"paged key cache {tuple(key.shape)} does not match "
+                      f"(num_blocks, {kvh}, {block_size}, {d})")
+        else:
+            _fail(f"paged key cache must be 3-D or 4-D, got {tuple(key.shape)}")
+        if tuple(value.shape) != tuple(key.shape):
+            _fail(f"value cache {tuple(value.shape)} must match key cache {tuple(key.shape)}")
+        capacity = block_table.shape[1] * block_size
+        for b, L in enumerate(kv_raw):
+            if L < 0 or L > capacity:
+                _fail(f"actual_seq_lengths_kv[{b}] = {L} outside 0..{capacity} "
+                      "(block_table width x block_size)")
+        kv_lens = kv_raw
+        dv = d
+    else:
+        if key.dim() != 3 or key.shape[1] != kvh or key.shape[2] != d:
+            _fail(f"TND key {tuple(key.shape)} does not match (T_kv, {kvh}, {d})")
+        if value.dim() != 3 or value.shape[:2] != key.shape[:2]:
+            _fail(f"TND value {tuple(value.shape)} does not match key {tuple(key.shape)}")
+        cu_kv = _check_cumulative("actual_seq_lengths_kv", kv_raw, key.shape[0])
+        kv_lens = tuple(cu_kv[i + 1] - cu_kv[i] for i in range(B))
+        dv = value.shape[2]
+    return FIAPlan(
+        num_tokens=T, num_heads=num_heads, num_kv_heads=kvh, head_size=d,
+        value_head_size=dv, q_lens=q_lens, kv_lens=kv_lens, cu_q=cu_q, cu_kv=cu_kv,
+        paged=paged, block_size=block_size,
+    )

@@ -1,0 +1,1 @@
+"""Platform classes: ``npu.AscendNPUPlatform`` and ``emulated.EmulatedAscendPlatform``."""

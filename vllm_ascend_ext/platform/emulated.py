@@ -1,0 +1,41 @@
+"""The emulated Ascend platform: real vLLM on the CPU, NPU operators by reference.
+
+A true vLLM platform (a ``CpuPlatform`` subclass keeping ``PlatformEnum.CPU``, so
+vLLM's CPU worker, scheduler, KV-cache manager and sampler run unchanged); only
+the attention backend differs: the plugin's, calling the reference operators.
+"""
+
+from __future__ import annotations
+
+from vllm.logger import init_logger
+from vllm.platforms.cpu import CpuPlatform
+
+from vllm_ascend_ext import envs
+from vllm_ascend_ext.platform import soc as soc_table
+from vllm_ascend_ext.platform.config_hooks import validate_plugin_config
+from vllm_ascend_ext.platform.selection import select_attention_backend
+
+logger = init_logger("vllm.ascend_ext")
+
+PLATFORM_NAME = "ascend_ext-emulated"
+
+
+class EmulatedAscendPlatform(CpuPlatform):
+    @classmethod
+    def soc(cls) -> soc_table.Soc:
+        return soc_table.from_name(envs.emulated_soc_name() or soc_table.DEFAULT_EMULATED_SOC)
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        if selected_backend is not None and selected_backend.name != "ASCEND_EXT_FIA":
+            logger.info_once(
+                "ascend_ext: attention backend %s was requested; the emulated Ascend "
+                "platform serves its own backend instead", selected_backend.name,
+            )
+        return select_attention_backend(PLATFORM_NAME, cls.soc(), attn_selector_config)
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:
+        validate_plugin_config(vllm_config)
+        cls.soc()  # a bad ASCEND_EXT_SOC fails here, before the engine starts
+        super().check_and_update_config(vllm_config)

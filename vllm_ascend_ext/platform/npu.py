@@ -1,0 +1,96 @@
+"""The Ascend NPU platform (used when torch_npu reports an NPU).
+
+Not validated here (no Ascend hardware on the development and CI machines): the
+operator path it selects is the same one the emulated platform runs by
+reference; the device runtime (worker, communicator, graph capture) awaits
+Atlas 800 validation, as README states.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms.interface import Platform, PlatformEnum
+
+from vllm_ascend_ext.platform import soc as soc_table
+from vllm_ascend_ext.platform.config_hooks import validate_plugin_config
+from vllm_ascend_ext.platform.selection import select_attention_backend
+
+logger = init_logger("vllm.ascend_ext")
+
+PLATFORM_NAME = "ascend_ext-npu"
+
+
+class AscendNPUPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "npu"
+    device_type: str = "npu"
+    dispatch_key: str = "PrivateUse1"
+    ray_device_key: str = "NPU"
+    dist_backend: str = "hccl"
+    device_control_env_var: str = "ASCEND_RT_VISIBLE_DEVICES"
+    simple_compile_backend: str = "eager"
+
+    @classmethod
+    def soc(cls) -> soc_table.Soc:
+        import torch_npu  # noqa: F401  (only ever imported on an NPU host)
+
+        return soc_table.from_version(int(torch.npu.get_soc_version()))
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return torch.npu.get_device_name(device_id)
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return torch.npu.get_device_properties(device_id).total_memory
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        torch.npu.set_device(device)
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        torch.npu.manual_seed_all(seed)
+
+    @classmethod
+    def inference_mode(cls):
+        return torch.inference_mode()
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        return select_attention_backend(PLATFORM_NAME, cls.soc(), attn_selector_config)
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:
+        validate_plugin_config(vllm_config)
+        soc = cls.soc()
+        if soc.family not in soc_table.SUPPORTED_FAMILIES:
+            raise ValueError(
+                f"ascend_ext: SoC {soc.name} ({soc.family}) is not supported "
+                f"(supported families: {', '.join(soc_table.SUPPORTED_FAMILIES)})"
+            )
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = "vllm.v1.worker.gpu_worker.Worker"
+        cache = vllm_config.cache_config
+        if not cache.user_specified_block_size:
+            cache.block_size = 128
+        sched = vllm_config.scheduler_config
+        spec = vllm_config.speculative_config
+        if getattr(sched, "async_scheduling", False) and spec is not None:
+            # seq_lens_cpu_upper_bound is only an upper bound under async scheduling
+            # with speculative decoding; FIA's host lists must be exact.
+            logger.info(
+                "ascend_ext: async scheduling disabled with speculative decoding "
+                "(FIA needs exact host sequence lengths)"
+            )
+            sched.async_scheduling = False
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"

@@ -1,0 +1,65 @@
+"""Backend selection shared by the NPU and the emulated platform.
+
+Validates the layer's needs against the backend's declared capabilities and
+raises before any weight is loaded when the backend cannot compute them.
+"""
+
+from __future__ import annotations
+
+from vllm.logger import init_logger
+
+from vllm_ascend_ext.platform.soc import Soc
+
+logger = init_logger("vllm.ascend_ext")
+
+FIA_BACKEND_PATH = "vllm_ascend_ext.attention.fia.backend.AscendFIABackend"
+
+
+class UnsupportedAttentionError(ValueError):
+    pass
+
+
+def select_attention_backend(platform_name: str, soc: Soc, selector_config, device_capability=None) -> str:
+    # Imported here: the platform class is loaded while vllm.platforms initializes.
+    from vllm_ascend_ext.attention.fia.backend import BACKEND_NAME, AscendFIABackend
+
+    cfg = selector_config
+    if cfg.use_mla or cfg.use_sparse:
+        raise UnsupportedAttentionError(
+            f"ascend_ext ({platform_name}): MLA/sparse attention (use_mla={cfg.use_mla}, "
+            f"use_sparse={cfg.use_sparse}) has no backend in this version of the plugin; "
+            "only standard decoder attention (GQA/MHA) is served"
+        )
+    reasons = AscendFIABackend.validate_configuration(
+        head_size=cfg.head_size,
+        dtype=cfg.dtype,
+        kv_cache_dtype=cfg.kv_cache_dtype,
+        block_size=cfg.block_size,
+        use_mla=cfg.use_mla,
+        has_sink=cfg.has_sink,
+        use_sparse=cfg.use_sparse,
+        use_mm_prefix=cfg.use_mm_prefix,
+        use_per_head_quant_scales=cfg.use_per_head_quant_scales,
+        device_capability=device_capability,
+        attn_type=cfg.attn_type,
+        has_sliding_window=cfg.has_sliding_window,
+        use_non_causal=cfg.use_non_causal,
+        use_batch_invariant=cfg.use_batch_invariant,
+        use_kv_connector=cfg.use_kv_connector,
+        use_pcp=cfg.use_pcp,
+        use_adaptive_verification=cfg.use_adaptive_verification,
+        use_dcp=cfg.use_dcp,
+        use_rswa=cfg.use_rswa,
+    )
+    if reasons:
+        raise UnsupportedAttentionError(
+            f"ascend_ext ({platform_name}): backend {BACKEND_NAME} cannot serve this "
+            f"attention layer: {'; '.join(reasons)} (head_size={cfg.head_size}, "
+            f"dtype={cfg.dtype}, kv_cache_dtype={cfg.kv_cache_dtype}, "
+            f"block_size={cfg.block_size}, attn_type={cfg.attn_type})"
+        )
+    logger.info_once(
+        "ascend_ext: platform=%s soc=%s (%s) attention_backend=%s",
+        platform_name, soc.name, soc.family, BACKEND_NAME,
+    )
+    return FIA_BACKEND_PATH

@@ -1,0 +1,84 @@
+"""Ascend SoC identities: torch_npu's ``get_soc_version()`` numbers and names.
+
+One table, used by the real platform (from the runtime number), the emulated one
+(from ``ASCEND_EXT_SOC``), and every gate that depends on the chip. Numbers from
+torch_npu's ``c10_npu::SocVersion`` (see ``shared/npu-ops.md`` section 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Soc:
+    name: str  # canonical lower-case name, e.g. "ascend910b2", "ascend950"
+    family: str  # "A2", "A3", "A5" (Ascend 950), "310P"
+    version: int  # torch_npu get_soc_version() value
+
+
+_SOCS: tuple[Soc, ...] = (
+    Soc("ascend910b1", "A2", 220),
+    Soc("ascend910b2", "A2", 221),
+    Soc("ascend910b2c", "A2", 222),
+    Soc("ascend910b3", "A2", 223),
+    Soc("ascend910b4", "A2", 224),
+    Soc("ascend910b4_1", "A2", 225),
+    Soc("ascend910_9391", "A3", 250),
+    Soc("ascend910_9392", "A3", 251),
+    Soc("ascend910_9381", "A3", 252),
+    Soc("ascend910_9382", "A3", 253),
+    Soc("ascend910_9372", "A3", 254),
+    Soc("ascend910_9362", "A3", 255),
+    Soc("ascend950", "A5", 260),
+    Soc("ascend310p1", "310P", 200),
+    Soc("ascend310p3", "310P", 202),
+)
+
+# Short names users type; each maps to one representative chip.
+_ALIASES = {
+    "a2": "ascend910b2",
+    "910b": "ascend910b2",
+    "atlas800a2": "ascend910b2",
+    "a3": "ascend910_9391",
+    "atlas800a3": "ascend910_9391",
+    "a5": "ascend950",
+    "950": "ascend950",
+}
+
+# What the emulated platform pretends to be when ASCEND_EXT_SOC is unset.
+DEFAULT_EMULATED_SOC = "ascend910b2"
+
+# Families whose chips this plugin targets (others are refused at startup).
+SUPPORTED_FAMILIES = ("A2", "A3", "A5")
+
+
+def names() -> list[str]:
+    return [s.name for s in _SOCS] + sorted(_ALIASES)
+
+
+def from_name(name: str) -> Soc:
+    key = name.strip().lower().replace("-", "").replace(" ", "")
+    key = _ALIASES.get(key, key)
+    for soc in _SOCS:
+        if soc.name == key:
+            return soc
+    raise ValueError(
+        f"unknown Ascend SoC {name!r}; known: {', '.join(names())}"
+    )
+
+
+def from_version(version: int) -> Soc:
+    for soc in _SOCS:
+        if soc.version == version:
+            return soc
+    if 220 <= version <= 225:
+        return Soc(f"soc{version}", "A2", version)
+    if 250 <= version <= 255:
+        return Soc(f"soc{version}", "A3", version)
+    if version >= 260:
+        return Soc(f"soc{version}", "A5", version)
+    raise ValueError(
+        f"unsupported Ascend SoC version {version} (this plugin supports "
+        f"{', '.join(SUPPORTED_FAMILIES)}: versions 220-225, 250-255, >=260)"
+    )
