@@ -1,0 +1,44 @@
+"""Feed bad ``ascend_ext`` configs to vLLM's own engine-config path (emulated).
+
+Prints one JSON line: for each config, the exception type and message raised by
+``EngineArgs(...).create_engine_config()``, which runs the platform's
+``check_and_update_config`` before any model weight is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+CONFIGS = [
+    {"ascend_ext": {"mixed_splt": "on"}},
+    {"ascend_ext": {"mixed_split": "false"}},
+    {"ascend_ext": {"mixed_split": True}},
+    {"ascend_ext": {"sfa": {"preprocess": "prolog"}}},
+    {"ascend_ext": {"sfa": "native"}},
+    {"ascend_ext": {"mixed_split": "on"}, "unrelated_key": 1},  # valid: must pass
+]
+
+
+def main() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
+
+    from vllm_ascend_ext.models import tiny_model_path
+
+    results = []
+    for cfg in CONFIGS:
+        try:
+            EngineArgs(model=tiny_model_path(), dtype="float32", max_model_len=512,
+                       additional_config=cfg).create_engine_config()
+            results.append({"ok": True})
+        except Exception as exc:  # noqa: BLE001 - we report whatever vLLM surfaced
+            results.append({"ok": False, "type": type(exc).__name__, "message": str(exc)})
+    print("RESULT " + json.dumps({"platform": type(current_platform).__name__,
+                                  "results": results}))
+
+
+if __name__ == "__main__":
+    main()

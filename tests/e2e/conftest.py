@@ -1,0 +1,54 @@
+"""Helpers for e2e tests: each engine runs in its own subprocess (vLLM picks its
+platform once per process), and reports one ``RESULT {json}`` line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+def child_env(emulate: bool, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_EXT_")}
+    env.pop("VLLM_PLUGINS", None)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")
+    if emulate:
+        env["ASCEND_EXT_EMULATE"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_script(script: str, *args: str, emulate: bool, timeout: int = 600, **env) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(HERE / script), *args], cwd=str(REPO / "tests"),
+        env=child_env(emulate, **env), capture_output=True, text=True, timeout=timeout,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise AssertionError(
+        f"{script} {' '.join(args)} produced no RESULT (rc={proc.returncode}):\n"
+        f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
+
+
+@pytest.fixture(scope="session")
+def runs():
+    """Engine runs shared by the tests of a session, computed on first use."""
+    cache: dict[tuple, dict] = {}
+
+    def get(*args: str, emulate: bool) -> dict:
+        key = (args, emulate)
+        if key not in cache:
+            cache[key] = run_script("run_llm.py", *args, emulate=emulate)
+        return cache[key]
+
+    return get

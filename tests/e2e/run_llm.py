@@ -1,0 +1,87 @@
+"""Run the embedded tiny model offline and print one JSON line of results.
+
+    python tests/e2e/run_llm.py [--corrupt-block-table] [--max-tokens N] [--enforce-eager]
+
+The platform is whatever vLLM selects in this process (set ASCEND_EXT_EMULATE=1
+for the plugin). Used by the e2e tests, in a subprocess per platform, because
+vLLM resolves its platform once per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+PROMPTS = [
+    "the quick brown fox jumps over the lazy dog and then",
+    "attention is computed over keys and values stored in a paged cache",
+    "numbers like 1 2 3",
+    "a decode step reads every cached token of its request, while a prefill chunk "
+    "attends causally to the prefix and to itself; ascend npus run fused kernels",
+]
+
+
+def corrupt_block_table() -> None:
+    """Negative control: every request reads the next request's KV blocks."""
+    import dataclasses
+
+    from vllm_ascend_ext.attention.fia import builder as fia_builder
+
+    original = fia_builder.AscendFIAMetadataBuilder.build
+
+    def build(self, *args, **kwargs):
+        md = original(self, *args, **kwargs)
+        return dataclasses.replace(md, block_table=md.block_table.roll(1, dims=0))
+
+    fia_builder.AscendFIAMetadataBuilder.build = build
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--corrupt-block-table", action="store_true")
+    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    args = ap.parse_args()
+    if args.corrupt_block_table:
+        corrupt_block_table()
+
+    from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
+
+    from vllm_ascend_ext.models import tiny_model_path
+
+    kwargs = {}
+    if args.max_num_batched_tokens:
+        kwargs.update(max_num_batched_tokens=args.max_num_batched_tokens,
+                      enable_chunked_prefill=True)
+    llm = LLM(model=tiny_model_path(), dtype="float32", seed=0, max_model_len=1024,
+              enforce_eager=args.enforce_eager, **kwargs)
+    ctx = llm.llm_engine.vllm_config.compilation_config.static_forward_context
+    backends = sorted({type(layer.attn_backend).__name__ if not isinstance(layer.attn_backend, type)
+                       else layer.attn_backend.get_name()
+                       for layer in ctx.values() if hasattr(layer, "attn_backend")})
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
+    outs = llm.generate(PROMPTS, sp, use_tqdm=False)
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    result = {
+        "platform": type(current_platform).__name__,
+        "registered": "ASCEND_EXT_FIA" in AttentionBackendEnum.__members__,
+        "backends": backends,
+        "num_attention_layers": sum(1 for v in ctx.values() if hasattr(v, "attn_backend")),
+        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+                     for o in outs],
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The plugin inside real vLLM (emulated) against vLLM's own CPU backend.
+
+Same embedded model, realistic-scale weights, fp32, greedy: tokens must match and
+logprobs agree within 1e-4; a corrupted block table (negative control) must not.
+Chunked prefill with a small token budget puts prefill chunks beside decodes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import run_script
+
+pytestmark = pytest.mark.e2e
+
+CHUNKED = ("--max-num-batched-tokens", "16")
+
+
+def _max_logprob_diff(a, b):
+    return max(abs(x - y) for ra, rb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(ra, rb))
+
+
+def test_inactive_plugin_leaves_vllm_alone(runs):
+    stock = runs(*CHUNKED, emulate=False)
+    assert stock["platform"] == "CpuPlatform"
+    assert stock["backends"] == ["CPU_ATTN"]
+    assert stock["registered"] is False  # no ASCEND_EXT_FIA member was added
+
+
+def test_emulated_platform_serves_every_layer_with_the_plugin_backend(runs):
+    emu = runs(*CHUNKED, emulate=True)
+    assert emu["platform"] == "EmulatedAscendPlatform"
+    assert emu["backends"] == ["ASCEND_EXT_FIA"]
+    assert emu["num_attention_layers"] == 2
+
+
+def test_tokens_and_logprobs_match_vllm_cpu_backend(runs):
+    stock, emu = runs(*CHUNKED, emulate=False), runs(*CHUNKED, emulate=True)
+    assert emu["tokens"] == stock["tokens"]
+    assert _max_logprob_diff(emu, stock) < 1e-4
+
+
+def test_negative_control_corrupted_block_table_changes_the_result(runs):
+    stock = runs(*CHUNKED, emulate=False)
+    bad = runs(*CHUNKED, "--corrupt-block-table", emulate=True)
+    assert bad["platform"] == "EmulatedAscendPlatform"
+    assert bad["tokens"] != stock["tokens"] or _max_logprob_diff(bad, stock) > 0.1
+
+
+def test_bad_plugin_config_fails_before_the_engine_starts():
+    res = run_script("check_config_errors.py", emulate=True, timeout=300)
+    assert res["platform"] == "EmulatedAscendPlatform"
+    *bad, good = res["results"]
+    expected = ["unknown key 'mixed_splt'; did you mean 'mixed_split'",
+                "ascend_ext.mixed_split: invalid value 'false'",
+                "ascend_ext.mixed_split: expected a str",
+                "ascend_ext.sfa.preprocess: invalid value 'prolog'; did you mean 'prolog_v3'",
+                "ascend_ext.sfa: expected an object"]
+    for r, needle in zip(bad, expected):
+        assert not r["ok"] and needle in r["message"], r
+    assert good == {"ok": True}

@@ -1,0 +1,212 @@
+"""The FIA reference operator against independent dense attention."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.ut.dense import dense_attention, write_paged
+from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
+from vllm_ascend_ext.ops.fia_checks import FIAArgumentError
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def _batch(rng, kinds, nq, nkv, d, bs, dtype):
+    """Random batch: per request (q_len, kv_len) for decode / spec / chunk / prefill."""
+    lens = []
+    for kind in kinds:
+        if kind == "decode":
+            lq = 1
+            lkv = rng.randint(1, 300)
+        elif kind == "spec":  # speculative verify: 1 + k tokens at the end
+            lq = rng.randint(2, 4)
+            lkv = rng.randint(lq, 300)
+        elif kind == "chunk":  # chunked prefill on a cached prefix
+            lq = rng.randint(2, 40)
+            lkv = lq + rng.randint(1, 200)
+        else:  # fresh prefill
+            lq = rng.randint(2, 60)
+            lkv = lq
+        lens.append((lq, lkv))
+    seq_k = [torch.randn(lkv, nkv, d) for _, lkv in lens]
+    seq_v = [torch.randn(lkv, nkv, d) for _, lkv in lens]
+    qs = [torch.randn(lq, nq, d) for lq, _ in lens]
+    nblocks = sum(-(-lkv // bs) for _, lkv in lens) + 3
+    kc, vc, table = write_paged(seq_k, seq_v, bs, nblocks, rng, dtype)
+    return lens, qs, seq_k, seq_v, kc, vc, table
+
+
+def _expected(lens, qs, seq_k, seq_v, scale, dtype, mode):
+    outs, lses = [], []
+    for (lq, lkv), q, k, v in zip(lens, qs, seq_k, seq_v):
+        off = lkv - lq
+        if mode == 3:
+            vis = lambda i, j, off=off: j <= i + off  # noqa: E731
+        else:
+            vis = lambda i, j: True  # noqa: E731
+        o, lse = dense_attention(q.to(dtype).float(), k.to(dtype).float(),
+                                 v.to(dtype).float(), scale, vis)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def _run(lens, qs, kc, vc, table, nq, nkv, d, bs, dtype, mode, layout="BnBsH"):
+    query = torch.cat(qs).to(dtype)
+    cu, acc = [], 0
+    for lq, _ in lens:
+        acc += lq
+        cu.append(acc)
+    if layout == "BnBsH":
+        key, value = kc.view(kc.shape[0], bs, -1), vc.view(vc.shape[0], bs, -1)
+    else:  # BnNBsD
+        key, value = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+    return npu_fused_infer_attention_score(
+        query, key, value,
+        atten_mask=causal_mask_2048() if mode == 3 else None,
+        actual_seq_lengths=cu, actual_seq_lengths_kv=[lkv for _, lkv in lens],
+        block_table=table, num_heads=nq, num_key_value_heads=nkv, scale=d**-0.5,
+        input_layout="TND", sparse_mode=mode, block_size=bs, softmax_lse_flag=True,
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    kinds=st.lists(st.sampled_from(["decode", "spec", "chunk", "prefill"]), min_size=1, max_size=6),
+    gqa=st.sampled_from([1, 2, 4, 8]),
+    nkv=st.sampled_from([1, 2]),
+    d=st.sampled_from([64, 128, 256]),
+    bs=st.sampled_from([16, 128]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    layout=st.sampled_from(["BnBsH", "BnNBsD"]),
+)
+def test_paged_causal_matches_dense(seed, kinds, gqa, nkv, d, bs, dtype, layout):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    nq = nkv * gqa
+    lens, qs, seq_k, seq_v, kc, vc, table = _batch(rng, kinds, nq, nkv, d, bs, dtype)
+    out, lse = _run(lens, qs, kc, vc, table, nq, nkv, d, bs, dtype, 3, layout)
+    exp_out, exp_lse = _expected(lens, [q.to(dtype) for q in qs], seq_k, seq_v, d**-0.5, dtype, 3)
+    assert out.dtype == dtype and out.shape == exp_out.shape
+    torch.testing.assert_close(out.float(), exp_out, atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(lse[..., 0], exp_lse, atol=1e-4, rtol=1e-4)
+
+
+def test_sparse_mode_0_without_mask_attends_everything():
+    rng = random.Random(1)
+    torch.manual_seed(1)
+    lens, qs, seq_k, seq_v, kc, vc, table = _batch(
+        rng, ["chunk", "prefill", "decode"], 4, 2, 64, 16, torch.float32)
+    out, _ = _run(lens, qs, kc, vc, table, 4, 2, 64, 16, torch.float32, 0)
+    exp, _ = _expected(lens, qs, seq_k, seq_v, 64**-0.5, torch.float32, 0)
+    torch.testing.assert_close(out, exp, atol=1e-5, rtol=1e-5)
+    causal, _ = _expected(lens, qs, seq_k, seq_v, 64**-0.5, torch.float32, 3)
+    assert (out - causal).abs().max() > 1e-2  # the modes really differ here
+
+
+def test_band_mode_4_and_left_up_mode_2():
+    torch.manual_seed(2)
+    lq, lkv, d = 5, 12, 64
+    q, k, v = torch.randn(lq, 2, d), torch.randn(lkv, 1, d), torch.randn(lkv, 1, d)
+    kc, vc, table = write_paged([k], [v], 16, 2, random.Random(0), torch.float32)
+    common = dict(actual_seq_lengths=[lq], actual_seq_lengths_kv=[lkv], block_table=table,
+                  num_heads=2, num_key_value_heads=1, scale=0.125, input_layout="TND",
+                  block_size=16, atten_mask=causal_mask_2048())
+    off = lkv - lq
+    out4, _ = npu_fused_infer_attention_score(q, kc.view(2, 16, -1), vc.view(2, 16, -1),
+                                              sparse_mode=4, pre_tokens=3, next_tokens=0, **common)
+    exp4, _ = dense_attention(q, k, v, 0.125, lambda i, j: i + off - 3 <= j <= i + off)
+    torch.testing.assert_close(out4, exp4, atol=1e-5, rtol=1e-5)
+    out2, _ = npu_fused_infer_attention_score(q, kc.view(2, 16, -1), vc.view(2, 16, -1),
+                                              sparse_mode=2, **common)
+    exp2, _ = dense_attention(q, k, v, 0.125, lambda i, j: j <= i)
+    torch.testing.assert_close(out2, exp2, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_kv_without_block_table_uses_cumulative_kv_lengths():
+    torch.manual_seed(3)
+    lens = [(3, 3), (4, 4)]
+    qs = [torch.randn(lq, 2, 64) for lq, _ in lens]
+    ks = [torch.randn(lkv, 2, 64) for _, lkv in lens]
+    vs = [torch.randn(lkv, 2, 64) for _, lkv in lens]
+    out, _ = npu_fused_infer_attention_score(
+        torch.cat(qs), torch.cat(ks), torch.cat(vs), atten_mask=causal_mask_2048(),
+        actual_seq_lengths=[3, 7], actual_seq_lengths_kv=[3, 7], num_heads=2,
+        num_key_value_heads=2, scale=0.125, input_layout="TND", sparse_mode=3)
+    exp, _ = _expected(lens, qs, ks, vs, 0.125, torch.float32, 3)
+    torch.testing.assert_close(out, exp, atol=1e-5, rtol=1e-5)
+
+
+def test_rows_with_no_visible_key_are_zero():
+    torch.manual_seed(4)
+    q, k, v = torch.randn(4, 1, 64), torch.randn(2, 1, 64), torch.randn(2, 1, 64)
+    kc, vc, table = write_paged([k], [v], 16, 1, random.Random(0), torch.float32)
+    out, _ = npu_fused_infer_attention_score(
+        q, kc.view(1, 16, -1), vc.view(1, 16, -1), atten_mask=causal_mask_2048(),
+        actual_seq_lengths=[4], actual_seq_lengths_kv=[2], block_table=table, num_heads=1,
+        scale=0.125, input_layout="TND", sparse_mode=3, block_size=16)
+    assert torch.all(out[:2] == 0)  # Lq=4 > Lkv=2: rows 0 and 1 see nothing
+    exp, _ = dense_attention(q, k, v, 0.125, lambda i, j: j <= i - 2)
+    torch.testing.assert_close(out, exp, atol=1e-5, rtol=1e-5)
+
+
+def test_lse_not_requested_is_a_placeholder():
+    q = torch.randn(1, 1, 64)
+    kc = torch.randn(1, 16, 64)
+    _, lse = npu_fused_infer_attention_score(
+        q, kc, kc, actual_seq_lengths=[1], actual_seq_lengths_kv=[5],
+        block_table=torch.zeros(1, 1, dtype=torch.int32), num_heads=1, input_layout="TND",
+        block_size=16)
+    assert lse.shape == (1,)
+
+
+def _valid_kwargs():
+    return dict(
+        query=torch.randn(3, 4, 64), key=torch.randn(2, 16, 2 * 64),
+        value=torch.randn(2, 16, 2 * 64), atten_mask=causal_mask_2048(),
+        actual_seq_lengths=[1, 3], actual_seq_lengths_kv=[5, 9],
+        block_table=torch.tensor([[0], [1]], dtype=torch.int32), num_heads=4,
+        num_key_value_heads=2, scale=0.125, input_layout="TND", sparse_mode=3, block_size=16,
+    )
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(query=torch.randn(3, 4, 96)), "head size 96"),
+    (dict(query=torch.randn(3, 4, 64).double()), "dtype"),
+    (dict(num_key_value_heads=3), "not divisible"),
+    (dict(block_table=torch.tensor([[0], [1]])), "block_table must be int32"),
+    (dict(block_size=8), "block_size=8"),
+    (dict(actual_seq_lengths=[1, 2]), "must equal the packed token count 3"),
+    (dict(actual_seq_lengths=[2, 1, 3]), "non-decreasing"),
+    (dict(actual_seq_lengths_kv=[5]), "as long as the batch"),
+    (dict(actual_seq_lengths_kv=[5, 17]), "outside 0..16"),
+    (dict(atten_mask=None), "needs the 2048x2048"),
+    (dict(atten_mask=torch.ones(128, 128, dtype=torch.bool)), "shape (2048, 2048)"),
+    (dict(sparse_mode=1), "sparse_mode=1"),
+    (dict(num_heads=8), "num_heads=8"),
+    (dict(actual_seq_lengths=torch.tensor([1, 3])), "host list"),
+])
+def test_rejects_what_the_npu_rejects(change, needle):
+    kwargs = _valid_kwargs()
+    kwargs.update(change)
+    q, k, v = kwargs.pop("query"), kwargs.pop("key"), kwargs.pop("value")
+    with pytest.raises(FIAArgumentError, match=None) as info:
+        npu_fused_infer_attention_score(q, k, v, **kwargs)
+    assert needle in str(info.value)
+
+
+def test_valid_kwargs_pass_and_unimplemented_options_are_named():
+    kwargs = _valid_kwargs()
+    q, k, v = kwargs.pop("query"), kwargs.pop("key"), kwargs.pop("value")
+    npu_fused_infer_attention_score(q, k, v, **kwargs)
+    with pytest.raises(NotImplementedError, match="pse_shift"):
+        npu_fused_infer_attention_score(q, k, v, pse_shift=torch.zeros(1), **kwargs)
+    with pytest.raises(NotImplementedError, match="BSH"):
+        kwargs["input_layout"] = "BSH"
+        npu_fused_infer_attention_score(q, k, v, **kwargs)

@@ -1,0 +1,57 @@
+"""The paged KV-cache write reference against an explicit loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_ascend_ext.attention.kv_layout import split_kv_cache
+from vllm_ascend_ext.ops.kv_cache import ReshapeAndCacheError, npu_reshape_and_cache
+
+
+@pytest.mark.parametrize("bs", [16, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_writes_each_token_at_its_slot_and_skips_padding(bs, dtype):
+    torch.manual_seed(0)
+    nb, nkv, d, T = 5, 2, 64, 23
+    key, value = torch.randn(T, nkv, d).to(dtype), torch.randn(T, nkv, d).to(dtype)
+    slots = torch.randperm(nb * bs)[:T].to(torch.int32)
+    slots[[3, 10]] = -1  # vLLM's padding slot
+    kc, vc = torch.zeros(nb, bs, nkv, d, dtype=dtype), torch.zeros(nb, bs, nkv, d, dtype=dtype)
+    npu_reshape_and_cache(key=key, value=value, key_cache=kc, value_cache=vc, slot_indices=slots)
+    exp_k, exp_v = torch.zeros_like(kc), torch.zeros_like(vc)
+    for t in range(T):
+        s = int(slots[t])
+        if s < 0:
+            continue
+        exp_k[s // bs, s % bs] = key[t]
+        exp_v[s // bs, s % bs] = value[t]
+    assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v)
+
+
+def test_writes_through_the_plugin_cache_views():
+    """Writes land in vLLM's per-layer cache memory, K plane then V plane per block."""
+    nb, nkv, bs, d = 3, 2, 16, 64
+    kv_cache = torch.zeros(nb, nkv, bs, 2 * d)  # vLLM's logical per-layer shape
+    kc, vc = split_kv_cache(kv_cache)
+    key, value = torch.ones(1, nkv, d), 2 * torch.ones(1, nkv, d)
+    npu_reshape_and_cache(key=key, value=value, key_cache=kc, value_cache=vc,
+                          slot_indices=torch.tensor([bs + 5], dtype=torch.int32))
+    block = kv_cache[1].reshape(2, bs, nkv, d)
+    assert torch.all(block[0, 5] == 1) and torch.all(block[1, 5] == 2)
+    assert kv_cache.sum() == (1 + 2) * nkv * d  # nothing else touched
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(slot_indices=torch.tensor([0, 1])), "int32"),
+    (dict(slot_indices=torch.tensor([0], dtype=torch.int32)), "2 tokens but 1"),
+    (dict(key_cache=torch.zeros(2, 16, 3, 64)), "key_cache must be"),
+    (dict(value_cache=torch.zeros(2, 16, 2, 64, dtype=torch.float16)), "dtype"),
+])
+def test_rejects_bad_arguments(change, needle):
+    kwargs = dict(key=torch.zeros(2, 2, 64), value=torch.zeros(2, 2, 64),
+                  key_cache=torch.zeros(2, 16, 2, 64), value_cache=torch.zeros(2, 16, 2, 64),
+                  slot_indices=torch.tensor([0, 1], dtype=torch.int32))
+    kwargs.update(change)
+    with pytest.raises(ReshapeAndCacheError, match=needle):
+        npu_reshape_and_cache(**kwargs)

@@ -1,0 +1,83 @@
+"""Entry points and backend selection, without starting an engine."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from vllm.v1.attention.selector import AttentionSelectorConfig
+
+import vllm_ascend_ext
+from vllm_ascend_ext.platform import probe
+from vllm_ascend_ext.platform.selection import (
+    FIA_BACKEND_PATH,
+    UnsupportedAttentionError,
+    select_attention_backend,
+)
+from vllm_ascend_ext.platform.soc import from_name
+
+
+def test_no_npu_and_no_emulation_means_inactive(monkeypatch):
+    monkeypatch.delenv("ASCEND_EXT_EMULATE", raising=False)
+    assert not probe.npu_present()  # this machine has no NPU
+    assert vllm_ascend_ext.platform_plugin() is None
+
+
+def test_register_is_a_no_op_when_inactive(monkeypatch):
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    monkeypatch.delenv("ASCEND_EXT_EMULATE", raising=False)
+    before = list(AttentionBackendEnum.__members__)
+    vllm_ascend_ext.register()
+    assert list(AttentionBackendEnum.__members__) == before
+
+
+@pytest.mark.parametrize("value", ["1", "true", "ON"])
+def test_emulation_selects_the_emulated_platform(monkeypatch, value):
+    monkeypatch.setenv("ASCEND_EXT_EMULATE", value)
+    assert vllm_ascend_ext.platform_plugin() == vllm_ascend_ext.EMULATED_PLATFORM
+
+
+def test_bad_emulate_value_is_an_error(monkeypatch):
+    monkeypatch.setenv("ASCEND_EXT_EMULATE", "maybe")
+    with pytest.raises(ValueError, match="ASCEND_EXT_EMULATE='maybe'"):
+        vllm_ascend_ext.platform_plugin()
+
+
+def test_coexistence_names_the_vllm_plugins_setting(monkeypatch, caplog):
+    monkeypatch.setenv("ASCEND_EXT_EMULATE", "1")
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    monkeypatch.setattr(probe, "other_platform_plugins", lambda own: ["ascend"])
+    logger = logging.getLogger("vllm.ascend_ext")
+    monkeypatch.setattr(logger, "propagate", True)
+    with caplog.at_level(logging.WARNING, logger="vllm.ascend_ext"):
+        vllm_ascend_ext.platform_plugin()
+    assert "VLLM_PLUGINS=ascend_ext" in caplog.text and "ascend" in caplog.text
+
+
+def _sel(**kw):
+    base = dict(head_size=64, dtype=torch.float32, kv_cache_dtype="auto", block_size=128)
+    base.update(kw)
+    return AttentionSelectorConfig(**base)
+
+
+def test_standard_decoder_attention_gets_the_fia_backend():
+    assert select_attention_backend("t", from_name("a2"), _sel()) == FIA_BACKEND_PATH
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(has_sliding_window=True), "sliding window not supported"),
+    (dict(has_sink=True), "attention sinks not supported"),
+    (dict(kv_cache_dtype="fp8"), "kv_cache_dtype not supported"),
+    (dict(attn_type="encoder_decoder"), "attention type encoder_decoder not supported"),
+    (dict(use_non_causal=True), "non-causal attention not supported"),
+    (dict(use_dcp=True), "DCP not supported"),
+    (dict(use_pcp=True), "PCP not supported"),
+    (dict(head_size=96), "head_size not supported"),
+    (dict(block_size=8), "block_size not supported"),
+    (dict(use_mla=True), "MLA/sparse attention"),
+])
+def test_unsupported_features_are_refused_at_selection(kw, needle):
+    with pytest.raises(UnsupportedAttentionError, match=needle):
+        select_attention_backend("t", from_name("a2"), _sel(**kw))
