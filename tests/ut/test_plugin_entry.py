@@ -81,3 +81,15 @@ def test_standard_decoder_attention_gets_the_fia_backend():
 def test_unsupported_features_are_refused_at_selection(kw, needle):
     with pytest.raises(UnsupportedAttentionError, match=needle):
         select_attention_backend("t", from_name("a2"), _sel(**kw))
+
+
+def test_emulated_soc_comes_from_the_environment(monkeypatch):
+    from vllm_ascend_ext.platform.emulated import EmulatedAscendPlatform
+
+    monkeypatch.delenv("ASCEND_EXT_SOC", raising=False)
+    assert EmulatedAscendPlatform.soc().family == "A2"
+    monkeypatch.setenv("ASCEND_EXT_SOC", "ascend950")
+    assert EmulatedAscendPlatform.soc().name == "ascend950"
+    monkeypatch.setenv("ASCEND_EXT_SOC", "ascend999")
+    with pytest.raises(ValueError, match="unknown Ascend SoC 'ascend999'"):
+        EmulatedAscendPlatform.soc()

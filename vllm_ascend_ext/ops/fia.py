@@ -24,10 +24,35 @@ from vllm_ascend_ext.ops.fia_checks import UNSUPPORTED_OPTIONALS, FIAPlan, check
 INT_MAX = 2147483647
 # Upper bound on score elements materialized at once by the reference (fp32).
 _SCORE_BUDGET = 1 << 24
+# Padded score elements a merged bucket may add before two buckets stay separate
+# (stands for the fixed cost of one more batched attention call).
+_MERGE_SLACK = 1 << 16
 
 
-def _bucket(q_len: int) -> int:
-    return 1 if q_len <= 1 else 1 << (q_len - 1).bit_length()
+def plan_buckets(q_lens: tuple[int, ...], kv_lens: tuple[int, ...]) -> list[list[int]]:
+    """Group requests into padded attention calls (pure; host values only).
+
+    Requests are bucketed by (query length, kv length) rounded up to powers of
+    two; buckets adjacent in that order merge while the padded work of the merge
+    stays within the separate works plus ``_MERGE_SLACK`` (few calls for short
+    requests, no large padding for long ones).
+    """
+    by_pow: dict[tuple[int, int], list[int]] = {}
+    for b, (lq, lkv) in enumerate(zip(q_lens, kv_lens)):
+        if lq > 0:
+            by_pow.setdefault(((lq - 1).bit_length(), max(lkv - 1, 0).bit_length()), []).append(b)
+
+    def area(reqs: list[int]) -> int:
+        return len(reqs) * max(q_lens[b] for b in reqs) * max(1, max(kv_lens[b] for b in reqs))
+
+    groups: list[list[int]] = []
+    for key in sorted(by_pow):
+        reqs = by_pow[key]
+        if groups and area(groups[-1] + reqs) <= area(groups[-1]) + area(reqs) + _MERGE_SLACK:
+            groups[-1] = groups[-1] + reqs
+        else:
+            groups.append(list(reqs))
+    return groups
 
 
 def _visible(i, j, q_len, kv_len, sparse_mode, mask2d, pre, nxt):
@@ -49,25 +74,70 @@ def _visible(i, j, q_len, kv_len, sparse_mode, mask2d, pre, nxt):
     return vis
 
 
-def _gather_kv(t: torch.Tensor, plan: FIAPlan, reqs: list[int], kv_pad: int,
-               block_table, device) -> torch.Tensor:
-    """K or V rows of each request of a bucket: [g, kv_pad, KV_N, D] (fp32).
+def _token_rows(t: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """A [rows, KV_N*D] view of a BnBsH paged cache over its storage, and the row
+    stride of a block, when every token row is contiguous; else None."""
+    if t.dim() != 3 or t.stride(2) != 1 or t.stride(1) != t.shape[2] or t.stride(0) % t.stride(1):
+        return None
+    per_block = t.stride(0) // t.stride(1)
+    n_rows = (t.shape[0] - 1) * per_block + t.shape[1]
+    return t.as_strided((n_rows, t.shape[2]), (t.stride(1), 1)), per_block
 
-    Paged caches are indexed by (block, offset), never flattened: the cache views
-    are strided across blocks and a reshape would copy the whole cache.
+
+def _gather_kv(t: torch.Tensor, plan: FIAPlan, reqs_t: torch.Tensor, kv_pad: int,
+               block_table) -> torch.Tensor:
+    """K or V of each request of a bucket: [g, KV_N, S, D] fp32, S >= kv_pad.
+
+    Paged caches are never reshaped (the plugin's cache views are strided across
+    blocks: a reshape would copy the whole cache). Token rows are gathered with
+    ``index_select`` (several times faster than advanced indexing).
     """
-    j = torch.arange(kv_pad, device=device)
+    g, kvh = reqs_t.shape[0], plan.num_kv_heads
     if plan.paged:
         bs = plan.block_size
-        blk_idx = (j // bs).clamp(max=block_table.shape[1] - 1)
-        blocks = block_table[torch.tensor(reqs, device=device)][:, blk_idx].long()
-        off = (j % bs).expand_as(blocks)
-        if t.dim() == 4:  # BnNBsD (nb, KV_N, bs, D): advanced dims come first
-            return t[blocks, :, off].float()
-        return t[blocks, off].view(len(reqs), kv_pad, plan.num_kv_heads, -1).float()
-    starts = torch.tensor([plan.cu_kv[b] for b in reqs], device=device)
-    rows = (starts[:, None] + j).clamp(max=max(plan.cu_kv[-1] - 1, 0))
-    return t[rows].float()
+        rows = _token_rows(t)
+        if rows is not None:  # BnBsH: exactly kv_pad token rows per request
+            flat, per_block = rows
+            j = torch.arange(kv_pad, device=t.device)
+            blk = block_table[reqs_t][:, (j // bs).clamp(max=block_table.shape[1] - 1)]
+            idx = (blk.long() * per_block + j % bs).reshape(-1)
+            x = torch.index_select(flat, 0, idx).float()
+            return x.view(g, kv_pad, kvh, -1).transpose(1, 2)
+        nblk = -(-kv_pad // bs)  # otherwise whole blocks
+        x = torch.index_select(t, 0, block_table[reqs_t, :nblk].reshape(-1)).float()
+        if t.dim() == 4:  # BnNBsD: [g*nblk, KV_N, bs, D]
+            x = x.view(g, nblk, kvh, bs, -1).permute(0, 2, 1, 3, 4)
+            return x.reshape(g, kvh, nblk * bs, -1)
+        return x.view(g, nblk * bs, kvh, -1).transpose(1, 2)
+    starts = torch.tensor([plan.cu_kv[b] for b in reqs_t.tolist()], device=t.device)
+    rows = (starts[:, None] + torch.arange(kv_pad, device=t.device)).clamp(
+        max=max(plan.cu_kv[-1] - 1, 0))
+    return t[rows].float().transpose(1, 2)
+
+
+def _attend(q, k, v, vis, scale, need_lse):
+    """q [g,Nq,r,D], k/v [g,KV_N,S,D], vis [g,r,S] -> (out [g,Nq,r,Dv], lse [g,Nq,r]|None).
+
+    Without LSE: PyTorch's fused SDPA. With LSE: explicit fp32 softmax. Rows that
+    see no key give 0 (and LSE -inf) either way.
+    """
+    seen = vis.any(-1)  # [g, r]
+    if not need_lse:
+        mask = (vis | ~seen[..., None])[:, None]  # blank rows attend anywhere, zeroed below
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+        return out.masked_fill(~seen[:, None, :, None], 0.0), None
+    g, nq, r, d = q.shape
+    kvh = k.shape[1]
+    qg = q.view(g, kvh, nq // kvh, r, d)
+    s = (qg @ k.transpose(-1, -2)[:, :, None]) * scale  # [g, kvh, G, r, S]
+    s = s.masked_fill(~vis[:, None, None], float("-inf"))
+    m = s.amax(-1, keepdim=True).clamp_min(-1e30)
+    e = torch.exp(s - m)
+    z = e.sum(-1, keepdim=True)
+    out = (e / z.clamp_min(1e-30)) @ v[:, :, None]  # [g, kvh, G, r, Dv]
+    lse = (m + z.log()).view(g, nq, r)
+    return out.view(g, nq, r, -1), lse
 
 
 def fia_reference(
@@ -81,48 +151,37 @@ def fia_reference(
                   actual_seq_lengths_kv, block_table, num_heads, input_layout,
                   num_key_value_heads, sparse_mode, block_size, optionals)
     device = query.device
-    T, N, D = plan.num_tokens, plan.num_heads, plan.head_size
-    kvh = plan.num_kv_heads
-    G = N // kvh
+    T, N = plan.num_tokens, plan.num_heads
     out = torch.zeros(T, N, plan.value_head_size, dtype=torch.float32, device=device)
     lse = torch.full((T, N, 1), float("-inf"), dtype=torch.float32, device=device)
     mask2d = None
     if sparse_mode == 0 and atten_mask is not None:
         mask2d = atten_mask.reshape(-1, *atten_mask.shape[-2:])[0]
-
-    buckets: dict[int, list[int]] = {}
-    for b, lq in enumerate(plan.q_lens):
-        if lq > 0:
-            buckets.setdefault(_bucket(lq), []).append(b)
-    if key.shape[0] == 0:  # empty K/V: every row is fully masked -> zeros
-        buckets = {}
-    for reqs in buckets.values():
+    groups = plan_buckets(plan.q_lens, plan.kv_lens) if key.shape[0] else []
+    for reqs in groups:  # a handful of padded calls per step, never one per request
+        g = len(reqs)
+        reqs_t = torch.tensor(reqs, device=device)
         q_pad = max(plan.q_lens[b] for b in reqs)
         kv_pad = max(max(plan.kv_lens[b] for b in reqs), 1)
-        k = _gather_kv(key, plan, reqs, kv_pad, block_table, device)  # [g, kv_pad, kvh, D]
-        v = _gather_kv(value, plan, reqs, kv_pad, block_table, device)
+        k = _gather_kv(key, plan, reqs_t, kv_pad, block_table)  # [g, kvh, S, D]
+        v = _gather_kv(value, plan, reqs_t, kv_pad, block_table)
         q_len = torch.tensor([plan.q_lens[b] for b in reqs], device=device)[:, None, None]
         kv_len = torch.tensor([plan.kv_lens[b] for b in reqs], device=device)[:, None, None]
         q_start = torch.tensor([plan.cu_q[b] for b in reqs], device=device)[:, None]
-        tile = max(1, min(q_pad, _SCORE_BUDGET // max(1, len(reqs) * N * kv_pad)))
-        j = torch.arange(kv_pad, device=device)[None, None, :]
+        j = torch.arange(k.shape[2], device=device)[None, None, :]
+        tile = max(1, min(q_pad, _SCORE_BUDGET // max(1, g * N * k.shape[2])))
         for r0 in range(0, q_pad, tile):
             r = torch.arange(r0, min(q_pad, r0 + tile), device=device)
             tok = (q_start + r).clamp(max=T - 1)  # [g, rows]
-            q = query[tok].float().view(len(reqs), -1, kvh, G, D)
-            s = torch.einsum("bqngd,bknd->bngqk", q, k) * scale
+            q = query[tok].float().permute(0, 2, 1, 3)  # [g, N, rows, D]
             vis = _visible(r[None, :, None], j, q_len, kv_len, sparse_mode, mask2d,
-                           pre_tokens, next_tokens)[:, None, None]
-            s = s.masked_fill(~vis, float("-inf"))
-            m = s.amax(-1, keepdim=True).clamp_min(-1e30)
-            e = torch.exp(s - m)
-            z = e.sum(-1, keepdim=True)
-            o = torch.einsum("bngqk,bknd->bqngd", e / z.clamp_min(1e-30), v)
-            row_lse = (m + z.log()).squeeze(-1).permute(0, 3, 1, 2)  # [g, rows, kvh, G]
+                           pre_tokens, next_tokens)
+            o, row_lse = _attend(q, k, v, vis, scale, softmax_lse_flag)
             valid = (r[None, :] < q_len[:, :, 0]).reshape(-1)
             flat_tok = tok.reshape(-1)[valid]
-            out[flat_tok] = o.reshape(-1, N, plan.value_head_size)[valid]
-            lse[flat_tok] = row_lse.reshape(-1, N, 1)[valid]
+            out[flat_tok] = o.permute(0, 2, 1, 3).reshape(-1, N, plan.value_head_size)[valid]
+            if row_lse is not None:
+                lse[flat_tok] = row_lse.permute(0, 2, 1).reshape(-1, N, 1)[valid]
     attn = out.to(query.dtype)
     if softmax_lse_flag:
         return attn, lse
