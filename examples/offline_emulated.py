@@ -1,0 +1,19 @@
+"""Offline generation with the plugin, emulated on the CPU (no NPU needed).
+
+    ASCEND_EXT_EMULATE=1 VLLM_CPU_KVCACHE_SPACE=1 python examples/offline_emulated.py
+"""
+
+from vllm import LLM, SamplingParams
+
+from vllm_ascend_ext.models import tiny_model_path
+
+if __name__ == "__main__":  # vLLM spawns workers: keep the guard
+    llm = LLM(
+        model=tiny_model_path(),  # embedded tiny Qwen3-style model, no download
+        dtype="float32",
+        max_model_len=1024,
+        additional_config={"ascend_ext": {"mixed_split": "auto"}},
+    )
+    params = SamplingParams(max_tokens=16, temperature=0.0, logprobs=1)
+    for out in llm.generate(["the quick brown fox", "attention is computed over"], params):
+        print(repr(out.outputs[0].text), out.outputs[0].token_ids)
