@@ -12,6 +12,7 @@ from vllm.platforms.cpu import CpuPlatform
 
 from vllm_ascend_ext import envs
 from vllm_ascend_ext.platform import soc as soc_table
+from vllm_ascend_ext.platform.allocator import keep_large_blocks_in_heap
 from vllm_ascend_ext.platform.config_hooks import validate_plugin_config
 from vllm_ascend_ext.platform.selection import select_attention_backend
 
@@ -33,6 +34,12 @@ class EmulatedAscendPlatform(CpuPlatform):
                 "platform serves its own backend instead", selected_backend.name,
             )
         return select_attention_backend(PLATFORM_NAME, cls.soc(), attn_selector_config)
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        # Called by vLLM in every process that runs kernels (engine core, workers).
+        super().import_kernels()
+        keep_large_blocks_in_heap()
 
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
