@@ -42,12 +42,21 @@ def corrupt_block_table() -> None:
     fia_builder.AscendFIAMetadataBuilder.build = build
 
 
+def _builders(llm):
+    """The in-process engine's attention metadata builders (test helper)."""
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    return [b for g in runner._attn_group_iterator() for b in g.metadata_builders]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--corrupt-block-table", action="store_true")
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument("--mixed-split", default=None, help="ascend_ext.mixed_split value")
+    ap.add_argument("--ngram", action="store_true", help="ngram speculation, 3 draft tokens")
+    ap.add_argument("--many", action="store_true", help="32 prompts of varied length")
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
@@ -58,6 +67,11 @@ def main() -> None:
     from vllm_ascend_ext.models import tiny_model_path
 
     kwargs = {}
+    if args.mixed_split:
+        kwargs["additional_config"] = {"ascend_ext": {"mixed_split": args.mixed_split}}
+    if args.ngram:
+        kwargs["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3,
+                                        "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     if args.max_num_batched_tokens:
         kwargs.update(max_num_batched_tokens=args.max_num_batched_tokens,
                       enable_chunked_prefill=True)
@@ -68,13 +82,25 @@ def main() -> None:
                        else layer.attn_backend.get_name()
                        for layer in ctx.values() if hasattr(layer, "attn_backend")})
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
-    outs = llm.generate(PROMPTS, sp, use_tqdm=False)
+    prompts = PROMPTS
+    if args.many:  # 32 prompts of varied length, with repeats so ngram drafts hit
+        import random
+
+        rng = random.Random(0)
+        words = " ".join(PROMPTS).split()
+        prompts = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 60))) * 2
+                   for _ in range(32)]
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    stats = [b.stats for b in _builders(llm) if hasattr(b, "stats")]
+
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     result = {
         "platform": type(current_platform).__name__,
         "registered": "ASCEND_EXT_FIA" in AttentionBackendEnum.__members__,
         "backends": backends,
+        "split_stats": [{"mixed": st.mixed, "split": st.split, "declined": dict(st.declined)}
+                        for st in stats],
         "num_attention_layers": sum(1 for v in ctx.values() if hasattr(v, "attn_backend")),
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
         "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]

@@ -42,31 +42,34 @@ def _common(device, pad_tokens=0):
     )
 
 
-def _builder(device):
-    return AscendFIAMetadataBuilder(SimpleNamespace(block_size=BS), ["layer.0"], None,
-                                    torch.device(device))
+def _builder(device, mode="off"):
+    spec = SimpleNamespace(block_size=BS, head_size=D, num_kv_heads=NKV)
+    return AscendFIAMetadataBuilder(spec, ["layer.0"], None, torch.device(device), mode=mode)
 
 
-def _step(device, query, key, value, kv_cache, pad_tokens=0):
-    md = _builder(device).build(0, _common(device, pad_tokens))
+def _step(device, query, key, value, kv_cache, pad_tokens=0, mode="off"):
+    md = _builder(device, mode).build(0, _common(device, pad_tokens))
     impl = AscendFIAImpl(NQ, D, D**-0.5, NKV)
     output = torch.zeros_like(query)
     impl.forward(None, query, key, value, kv_cache, md, output)
     return md, output
 
 
-def test_per_step_path_runs_on_meta_without_host_reads():
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_per_step_path_runs_on_meta_without_host_reads(mode):
     n = sum(Q_LENS) + 2
     md, out = _step("meta", torch.empty(n, NQ * D, device="meta"),
                     torch.empty(n, NKV * D, device="meta"), torch.empty(n, NKV * D, device="meta"),
-                    torch.empty(NB, NKV, BS, 2 * D, device="meta"), pad_tokens=2)
+                    torch.empty(NB, NKV, BS, 2 * D, device="meta"), pad_tokens=2, mode=mode)
+    assert (md.split is not None) == (mode == "on")
     assert out.device.type == "meta"
     assert md.slot_indices.device.type == "meta" and md.slot_indices.dtype == torch.int32
     assert md.actual_seq_lengths_q == (1, 2, 5, 14)
     assert md.actual_seq_lengths_kv == tuple(SEQ_LENS)
 
 
-def test_same_path_on_cpu_computes_attention_and_fills_the_cache():
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_same_path_on_cpu_computes_attention_and_fills_the_cache(mode):
     torch.manual_seed(0)
     seq_k = [torch.randn(L, NKV, D) for L in SEQ_LENS]
     seq_v = [torch.randn(L, NKV, D) for L in SEQ_LENS]
@@ -84,7 +87,8 @@ def test_same_path_on_cpu_computes_attention_and_fills_the_cache():
     query = torch.cat([torch.cat(qs).view(-1, NQ * D), torch.randn(pad, NQ * D)])
     key = torch.cat([new_k.view(-1, NKV * D), torch.randn(pad, NKV * D)])
     value = torch.cat([new_v.view(-1, NKV * D), torch.randn(pad, NKV * D)])
-    _, out = _step("cpu", query, key, value, kv_cache, pad_tokens=pad)
+    md, out = _step("cpu", query, key, value, kv_cache, pad_tokens=pad, mode=mode)
+    assert (md.split is not None) == (mode == "on")
     exp = []
     for b, (lq, L) in enumerate(zip(Q_LENS, SEQ_LENS)):
         o, _ = dense_attention(qs[b], seq_k[b], seq_v[b], D**-0.5,

@@ -82,3 +82,8 @@ def from_version(version: int) -> Soc:
         f"unsupported Ascend SoC version {version} (this plugin supports "
         f"{', '.join(SUPPORTED_FAMILIES)}: versions 220-225, 250-255, >=260)"
     )
+
+# Families where splitting a mixed step into a decode and a prefill FIA call pays:
+# Ascend 950 (A5), measured by vllm-ascend PR 11948 and sglang PR 34387. The one place
+# this list lives; A2/A3 are unmeasured, so "auto" keeps them on one call.
+SPLIT_PAYS_FAMILIES = ("A5",)

@@ -2,11 +2,14 @@
 
 Host lists come from host copies only (``query_start_loc_cpu``,
 ``seq_lens_cpu_upper_bound``), never from a device read; the slot mapping is cast
-to the int32 the cache writer takes here, once, and shared by every layer.
+to the int32 the cache writer takes here, once, and shared by every layer. Mixed
+steps (decodes beside a prefill chunk) get their boundary, the gate's decision and
+both spans' host lists here; the forward only slices.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import ClassVar
 
 import torch
@@ -15,18 +18,58 @@ from vllm.v1.attention.backend import (
     AttentionMetadataBuilder,
     CommonAttentionMetadata,
 )
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
+from vllm_ascend_ext.attention.fia.gate import LayerTraits, decide
 from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
 from vllm_ascend_ext.attention.fia.plan import BatchMetadataError, host_lists
+from vllm_ascend_ext.attention.fia.split import check_against_vllm, find_boundary, spans
+from vllm_ascend_ext.attention.fia.stats import SplitStats, log_final
+
+
+def _layer_traits(vllm_config, layer_names, kv_cache_spec) -> LayerTraits:
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+
+    layers = get_layers_from_vllm_config(vllm_config, Attention, layer_names)
+    impl = next(iter(layers.values())).impl if layers else None
+    return LayerTraits(
+        head_dim=kv_cache_spec.head_size,
+        local_q_heads=getattr(impl, "num_heads", kv_cache_spec.num_kv_heads),
+        local_kv_heads=kv_cache_spec.num_kv_heads,
+    )
 
 
 class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
-    # FIA's host lists are baked in at capture: graphs are not supported yet.
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    # Decode-only (uniform) batches may be captured; mixed steps always run eager,
+    # so a replay can never rewrite a split step. FIA's host lists are fixed at
+    # capture: on the NPU decode graphs must update them on every replay.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 
-    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device, *, traits=None,
+                 mode=None, soc_family=None, batch_invariant=None):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
+        if vllm_config is not None:
+            from vllm import envs
+            from vllm.platforms import current_platform
+
+            from vllm_ascend_ext.config import get_config
+
+            self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+            mode = mode or get_config(vllm_config).mixed_split
+            soc_family = soc_family or current_platform.soc().family
+            batch_invariant = (envs.VLLM_BATCH_INVARIANT if batch_invariant is None
+                               else batch_invariant)
+            traits = traits or _layer_traits(vllm_config, layer_names, kv_cache_spec)
+        else:  # standalone use (tests, tools): everything passed explicitly
+            self.reorder_batch_threshold = 1
+        self.mode = mode or "auto"
+        self.soc_family = soc_family or "A2"
+        self.batch_invariant = bool(batch_invariant)
+        self.traits = traits or LayerTraits(kv_cache_spec.head_size, 1, 1)
+        self.stats = SplitStats(",".join(layer_names[:1]) + ("..." if len(layer_names) > 1 else ""))
+        weakref.finalize(self, log_final, self.stats)
 
     def build(
         self,
@@ -55,6 +98,21 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
             raise BatchMetadataError(
                 "per-request causal flags (tensor) are not supported by the FIA backend"
             )
+        split, reason = None, "not mixed"
+        threshold = self.reorder_batch_threshold or 1
+        boundary = find_boundary(cu_q, threshold)
+        if boundary.mixed:
+            check_against_vllm(boundary, split_decodes_and_prefills(cam, threshold),
+                               cam.num_actual_tokens - num_tokens)
+            decision = decide(self.mode, self.soc_family, self.traits,
+                              batch_invariant=self.batch_invariant,
+                              num_decodes=boundary.num_decodes,
+                              num_prefills=boundary.num_prefills)
+            self.stats.record(decision.split, decision.reason)
+            self.stats.maybe_log()
+            reason = decision.reason
+            if decision.split:
+                split = spans(cu_q, kv_lens, boundary)
         return AscendFIAMetadata(
             num_actual_tokens=num_tokens,
             num_reqs=num_reqs,
@@ -65,4 +123,6 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
             slot_indices=cam.slot_mapping[:num_tokens].to(torch.int32),
             actual_seq_lengths_q=cu_q,
             actual_seq_lengths_kv=kv_lens,
+            split=split,
+            split_reason=reason,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.profiler import record_function
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 
 from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
@@ -86,15 +87,32 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
             )
         if n == 0:
             return output
+        if md.split is None:
+            with record_function("ascend_ext.fia_mixed.single"):
+                self._fia(query, output, key_cache, value_cache, md, 0, n, 0, md.num_reqs,
+                          md.actual_seq_lengths_q, md.actual_seq_lengths_kv)
+            return output
+        for name, span in zip(("decode", "prefill"), md.split):
+            with record_function(f"ascend_ext.fia_mixed.{name}"):
+                self._fia(query, output, key_cache, value_cache, md, span.tok0, span.tok1,
+                          span.req0, span.req1, span.actual_seq_lengths_q,
+                          span.actual_seq_lengths_kv)
+        return output
+
+    def _fia(self, query, output, key_cache, value_cache, md, tok0, tok1, req0, req1,
+             cu_q, kv_lens) -> None:
+        """One FIA call over tokens [tok0, tok1) and requests [req0, req1), written
+        into that slice of ``output``; every call reads the whole paged cache."""
+        t = tok1 - tok0
         nb, bs = key_cache.shape[:2]
         attn, _ = npu_fused_infer_attention_score(
-            query[:n].view(n, self.num_heads, self.head_size),
+            query[tok0:tok1].view(t, self.num_heads, self.head_size),
             key_cache.view(nb, bs, -1),
             value_cache.view(nb, bs, -1),
             atten_mask=self._causal_mask(query.device) if md.causal else None,
-            actual_seq_lengths=md.actual_seq_lengths_q,
-            actual_seq_lengths_kv=md.actual_seq_lengths_kv,
-            block_table=md.block_table,
+            actual_seq_lengths=cu_q,
+            actual_seq_lengths_kv=kv_lens,
+            block_table=md.block_table[req0:req1],
             num_heads=self.num_heads,
             num_key_value_heads=self.num_kv_heads,
             scale=self.scale,
@@ -102,5 +120,4 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
             sparse_mode=SPARSE_MODE_CAUSAL if md.causal else 0,
             block_size=bs,
         )
-        output[:n].view(n, self.num_heads, self.head_size).copy_(attn)
-        return output
+        output[tok0:tok1].view(t, self.num_heads, self.head_size).copy_(attn)

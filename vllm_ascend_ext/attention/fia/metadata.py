@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_ascend_ext.attention.fia.split import Span
+
 
 @dataclass(frozen=True)
 class AscendFIAMetadata:
@@ -20,3 +22,6 @@ class AscendFIAMetadata:
     # Host lists for FIA (SymInt[]): cumulative query ends, per-request kv lengths.
     actual_seq_lengths_q: tuple[int, ...]
     actual_seq_lengths_kv: tuple[int, ...]
+    # Mixed steps the gate split: one FIA call per span (decode first); else None.
+    split: tuple[Span, Span] | None = None
+    split_reason: str = "not mixed"
