@@ -45,10 +45,10 @@ def runs():
     """Engine runs shared by the tests of a session, computed on first use."""
     cache: dict[tuple, dict] = {}
 
-    def get(*args: str, emulate: bool) -> dict:
-        key = (args, emulate)
+    def get(*args: str, emulate: bool, **env: str) -> dict:
+        key = (args, emulate, tuple(sorted(env.items())))
         if key not in cache:
-            cache[key] = run_script("run_llm.py", *args, emulate=emulate)
+            cache[key] = run_script("run_llm.py", *args, emulate=emulate, **env)
         return cache[key]
 
     return get
