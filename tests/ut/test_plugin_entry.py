@@ -93,3 +93,8 @@ def test_emulated_soc_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend999")
     with pytest.raises(ValueError, match="unknown Ascend SoC 'ascend999'"):
         EmulatedAscendPlatform.soc()
+
+
+def test_batch_invariance_is_accepted_because_mixed_steps_then_always_split():
+    assert select_attention_backend("t", from_name("a2"), _sel(use_batch_invariant=True)) \
+        == FIA_BACKEND_PATH

@@ -75,7 +75,9 @@ class AscendFIABackend(AttentionBackend):
 
     @classmethod
     def supports_batch_invariance(cls) -> bool:
-        return False
+        # Under VLLM_BATCH_INVARIANT the gate always splits mixed steps, so a decode's
+        # result never depends on a co-scheduled prefill (vllm-ascend PR 14949).
+        return True
 
     @classmethod
     def supports_mm_prefix(cls) -> bool:
