@@ -48,3 +48,14 @@ def test_auto_declines_on_a2_and_splits_on_950(runs):
     a5 = runs(*MIXED, "--mixed-split", "auto", emulate=True, ASCEND_EXT_SOC="ascend950")
     assert _stats(a5)["split"] == _stats(a5)["mixed"] > 10
     assert a5["tokens"] == a2["tokens"] and _max_diff(a5, a2) < 1e-4
+
+
+def test_full_attention_layers_of_a_hybrid_model_reach_the_split():
+    from tests.e2e.conftest import run_script
+
+    res = run_script("run_hybrid.py", emulate=True)
+    ours = [b for b in res["builders"] if b["builder"] == "AscendFIAMetadataBuilder"]
+    others = [b for b in res["builders"] if b["builder"] != "AscendFIAMetadataBuilder"]
+    assert len(ours) == 1 and ours[0]["layers"] == ["model.layers.3.self_attn.attn"]
+    assert ours[0]["mixed"] > 0 and ours[0]["split"] == ours[0]["mixed"]
+    assert others and all("GDN" in b["builder"] for b in others)  # vLLM's own GDN backend

@@ -115,3 +115,18 @@ def test_builder_refuses_missing_host_seq_lens():
 def test_impl_refuses_what_it_cannot_compute(kwargs, needle):
     with pytest.raises(NotImplementedError, match=needle):
         AscendFIAImpl(NQ, D, D**-0.5, NKV, **kwargs)
+
+
+@pytest.mark.parametrize("mode,ranges", [
+    ("on", ["ascend_ext.fia_mixed.decode", "ascend_ext.fia_mixed.prefill"]),
+    ("off", ["ascend_ext.fia_mixed.single"]),
+])
+def test_profiler_ranges_name_the_calls(mode, ranges):
+    from torch.profiler import profile
+
+    n = sum(Q_LENS)
+    with profile() as prof:
+        _step("cpu", torch.randn(n, NQ * D), torch.randn(n, NKV * D), torch.randn(n, NKV * D),
+              torch.zeros(NB, NKV, BS, 2 * D), mode=mode)
+    names = [e.name for e in prof.events() if e.name.startswith("ascend_ext.")]
+    assert names == ranges
