@@ -84,8 +84,8 @@ def _token_rows(t: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     return t.as_strided((n_rows, t.shape[2]), (t.stride(1), 1)), per_block
 
 
-def _gather_kv(t: torch.Tensor, plan: FIAPlan, reqs_t: torch.Tensor, kv_pad: int,
-               block_table) -> torch.Tensor:
+def _gather_kv(t: torch.Tensor, plan: FIAPlan, reqs: list[int], reqs_t: torch.Tensor,
+               kv_pad: int, block_table) -> torch.Tensor:
     """K or V of each request of a bucket: [g, KV_N, S, D] fp32, S >= kv_pad.
 
     Paged caches are never reshaped (the plugin's cache views are strided across
@@ -109,7 +109,7 @@ def _gather_kv(t: torch.Tensor, plan: FIAPlan, reqs_t: torch.Tensor, kv_pad: int
             x = x.view(g, nblk, kvh, bs, -1).permute(0, 2, 1, 3, 4)
             return x.reshape(g, kvh, nblk * bs, -1)
         return x.view(g, nblk * bs, kvh, -1).transpose(1, 2)
-    starts = torch.tensor([plan.cu_kv[b] for b in reqs_t.tolist()], device=t.device)
+    starts = torch.tensor([plan.cu_kv[b] for b in reqs], device=t.device)
     rows = (starts[:, None] + torch.arange(kv_pad, device=t.device)).clamp(
         max=max(plan.cu_kv[-1] - 1, 0))
     return t[rows].float().transpose(1, 2)
@@ -163,8 +163,8 @@ def fia_reference(
         reqs_t = torch.tensor(reqs, device=device)
         q_pad = max(plan.q_lens[b] for b in reqs)
         kv_pad = max(max(plan.kv_lens[b] for b in reqs), 1)
-        k = _gather_kv(key, plan, reqs_t, kv_pad, block_table)  # [g, kvh, S, D]
-        v = _gather_kv(value, plan, reqs_t, kv_pad, block_table)
+        k = _gather_kv(key, plan, reqs, reqs_t, kv_pad, block_table)  # [g, kvh, S, D]
+        v = _gather_kv(value, plan, reqs, reqs_t, kv_pad, block_table)
         q_len = torch.tensor([plan.q_lens[b] for b in reqs], device=device)[:, None, None]
         kv_len = torch.tensor([plan.kv_lens[b] for b in reqs], device=device)[:, None, None]
         q_start = torch.tensor([plan.cu_q[b] for b in reqs], device=device)[:, None]
