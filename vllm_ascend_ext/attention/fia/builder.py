@@ -98,7 +98,7 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
             raise BatchMetadataError(
                 "per-request causal flags (tensor) are not supported by the FIA backend"
             )
-        split, reason = None, "not mixed"
+        split = None
         threshold = self.reorder_batch_threshold or 1
         boundary = find_boundary(cu_q, threshold)
         if boundary.mixed:
@@ -110,7 +110,6 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
                               num_prefills=boundary.num_prefills)
             self.stats.record(decision.split, decision.reason)
             self.stats.maybe_log()
-            reason = decision.reason
             if decision.split:
                 split = spans(cu_q, kv_lens, boundary)
         return AscendFIAMetadata(
@@ -124,5 +123,4 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
             actual_seq_lengths_q=cu_q,
             actual_seq_lengths_kv=kv_lens,
             split=split,
-            split_reason=reason,
         )

@@ -24,4 +24,3 @@ class AscendFIAMetadata:
     actual_seq_lengths_kv: tuple[int, ...]
     # Mixed steps the gate split: one FIA call per span (decode first); else None.
     split: tuple[Span, Span] | None = None
-    split_reason: str = "not mixed"

@@ -51,11 +51,11 @@ def find_boundary(cu_q: Sequence[int], decode_threshold: int) -> Boundary:
     nd = 0
     while nd < len(lens) and 0 < lens[nd] <= decode_threshold:
         nd += 1
-    for b in range(nd, len(lens)):
-        if lens[b] == 0 and any(lens[c] > 0 for c in range(b + 1, len(lens))):
-            raise BatchMetadataError(
-                f"zero-length request {b} precedes real requests; padding must trail"
-            )
+    first_pad = next((b for b in range(nd, len(lens)) if lens[b] == 0), len(lens))
+    if any(lens[b] > 0 for b in range(first_pad, len(lens))):
+        raise BatchMetadataError(
+            f"zero-length request {first_pad} precedes real requests; padding must trail"
+        )
     num_real = sum(1 for x in lens if x > 0)
     nd_tok = cu_q[nd - 1] if nd else 0
     total = cu_q[-1] if cu_q else 0
