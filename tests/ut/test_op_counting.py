@@ -1,0 +1,28 @@
+"""OpCounter: plugin operators count once and hide their internals; views and casts apart."""
+
+import torch
+
+from vllm_ascend_ext.ops.counting import OpCounter, mark_step
+from vllm_ascend_ext.ops.norm import npu_rms_norm
+
+
+def test_npu_ops_are_opaque_aten_ops_counted_views_apart_and_casts_directional():
+    x = torch.randn(4, 8)
+    g = torch.ones(8)
+    with OpCounter() as c:
+        npu_rms_norm(x, g)               # one kernel on the NPU, many aten ops in the reference
+        mark_step("decode")
+        y = x.view(2, 16)                # view: no kernel
+        _ = y + 1
+        _ = torch.arange(4).to(torch.int32)
+    assert c.steps[0].ops == {"npu_rms_norm": 1}
+    step = c.steps[1]
+    assert step.kind == "decode" and step.views == 1
+    assert step.ops["aten.add"] == 1
+    assert step.ops["aten._to_copy[torch.int64->torch.int32]"] == 1
+    assert "aten.rsqrt" not in c.total()
+
+
+def test_no_counter_no_bookkeeping():
+    out, rstd = npu_rms_norm(torch.ones(2, 4), torch.ones(4))
+    assert out.shape == (2, 4) and rstd.shape == (2, 1)

@@ -1,0 +1,126 @@
+"""Operator counts at the dispatcher level, with the plugin's NPU operators opaque.
+
+``OpCounter`` is a ``TorchDispatchMode``: every ATen operator that reaches the
+dispatcher while it is active is counted once under its packet name
+(``aten.mm``). Each plugin operator (functions decorated with ``npu_op``) is
+counted once under its torch_npu name (``npu_mla_prolog_v3``) and the ATen
+operators its reference runs internally are *not* counted: on an NPU that call is
+one kernel launch. View operators (no kernel on any device) are counted apart,
+under ``views``.
+
+Dtype conversions are recorded with their direction, e.g.
+``aten._to_copy[torch.int64->torch.int32]``, so a test can ask how many slot-index
+casts a step makes.
+
+Counts are bucketed by step: ``mark_step(kind)`` (called by the attention metadata
+builders once per ``build``) starts a new bucket. No counter active -> no cost
+beyond one list check.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_ACTIVE: list[OpCounter] = []
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _is_view(func) -> bool:
+    schema = func._schema
+    return not schema.is_mutable and any(r.alias_info is not None for r in schema.returns)
+
+
+@dataclass
+class StepCounts:
+    kind: str
+    ops: Counter = field(default_factory=Counter)
+    views: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+
+class OpCounter(TorchDispatchMode):
+    """``with OpCounter() as c: ...`` then ``c.steps`` (one ``StepCounts`` per step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[StepCounts] = [StepCounts("before-first-step")]
+        self._opaque_depth = 0
+
+    # -- step buckets -------------------------------------------------------
+    def new_step(self, kind: str) -> None:
+        self.steps.append(StepCounts(kind))
+
+    def _bucket(self) -> StepCounts:
+        return self.steps[-1]
+
+    def total(self) -> Counter:
+        out: Counter = Counter()
+        for s in self.steps:
+            out.update(s.ops)
+        return out
+
+    # -- counting -----------------------------------------------------------
+    def record_npu_op(self, name: str) -> None:
+        if self._opaque_depth == 0:
+            self._bucket().ops[name] += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._opaque_depth == 0:
+            if _is_view(func):
+                self._bucket().views += 1
+            else:
+                name = str(func.overloadpacket)
+                if name == "aten._to_copy" and args and isinstance(args[0], torch.Tensor):
+                    dst = kwargs.get("dtype") or args[0].dtype
+                    if dst != args[0].dtype:
+                        name = f"{name}[{args[0].dtype}->{dst}]"
+                self._bucket().ops[name] += 1
+        return func(*args, **kwargs)
+
+    def __enter__(self):
+        _ACTIVE.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _ACTIVE.remove(self)
+        return super().__exit__(*exc)
+
+
+def mark_step(kind: str) -> None:
+    """Start a new per-step bucket in every active counter (builders call this)."""
+    for c in _ACTIVE:
+        c.new_step(kind)
+
+
+def npu_op(name: str) -> Callable[[F], F]:
+    """Count calls of a plugin NPU operator once, its reference's ATen ops not at all."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            if not _ACTIVE:
+                return fn(*args, **kwargs)
+            for c in _ACTIVE:
+                c.record_npu_op(name)
+                c._opaque_depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                for c in _ACTIVE:
+                    c._opaque_depth -= 1
+
+        inner.npu_op_name = name  # type: ignore[attr-defined]
+        return inner  # type: ignore[return-value]
+
+    return wrap

@@ -1,0 +1,46 @@
+"""``torch_npu.npu_rms_norm(self, gamma, epsilon=1e-6) -> (y, rstd)``.
+
+Semantics (``shared/npu-ops.md`` §5): fp32 compute over the trailing
+``gamma.dim()`` dims; ``rstd = rsqrt(mean(x^2) + eps)`` (fp32, keepdim);
+``y = (x * rstd * gamma).to(x.dtype)``; gamma may be fp32 with fp16/bf16 x.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops.counting import npu_op
+
+
+def _check(x, gamma) -> tuple[int, ...]:
+    g = gamma.dim()
+    if g == 0 or tuple(x.shape[-g:]) != tuple(gamma.shape):
+        raise ValueError(
+            f"npu_rms_norm: gamma {tuple(gamma.shape)} must match the trailing dims of "
+            f"self {tuple(x.shape)}"
+        )
+    return tuple(range(x.dim() - g, x.dim()))
+
+
+def rms_norm_reference(x, gamma, epsilon=1e-6):
+    dims = _check(x, gamma)
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(dim=dims, keepdim=True) + epsilon)
+    return (xf * rstd * gamma.float()).to(x.dtype), rstd
+
+
+def rms_norm_meta(x, gamma, epsilon=1e-6):
+    dims = _check(x, gamma)
+    shape = [1 if i in dims else s for i, s in enumerate(x.shape)]
+    return torch.empty_like(x), x.new_empty(shape, dtype=torch.float32)
+
+
+def rms_norm_npu(x, gamma, epsilon=1e-6):
+    return torch_npu_module().npu_rms_norm(x, gamma, epsilon)
+
+
+@npu_op("npu_rms_norm")
+def npu_rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6):
+    impl = pick(x.device, npu=rms_norm_npu, reference=rms_norm_reference, meta=rms_norm_meta)
+    return impl(x, gamma, epsilon)
