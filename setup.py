@@ -11,7 +11,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_ascend_ext", "vllm_ascend_ext.*"]),
-    package_data={"vllm_ascend_ext.models": ["tiny_qwen3/*"]},
+    package_data={"vllm_ascend_ext.models": ["tiny_qwen3/*", "tiny_dsa/*", "tiny_dsa_w8a8/*"]},
     include_package_data=True,
     # vLLM itself comes from an extra: "cpu" here, the Ascend stack's build on NPUs.
     install_requires=["torch>=2.6"],

@@ -68,8 +68,14 @@ def register() -> None:
         return
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    from vllm_ascend_ext.attention.fia.backend import BACKEND_NAME
-    from vllm_ascend_ext.platform.selection import FIA_BACKEND_PATH
+    from vllm_ascend_ext.attention.fia.backend import BACKEND_NAME as FIA
+    from vllm_ascend_ext.attention.sfa.backend import BACKEND_NAME as SFA
+    from vllm_ascend_ext.models.deepseek_v32 import register_models
+    from vllm_ascend_ext.platform.selection import FIA_BACKEND_PATH, SFA_BACKEND_PATH
+    from vllm_ascend_ext.quantization.config import register as register_quantization
 
-    if BACKEND_NAME not in AttentionBackendEnum.__members__:
-        register_backend(BACKEND_NAME, FIA_BACKEND_PATH)
+    for name, path in ((FIA, FIA_BACKEND_PATH), (SFA, SFA_BACKEND_PATH)):
+        if name not in AttentionBackendEnum.__members__:
+            register_backend(name, path)
+    register_quantization()
+    register_models()

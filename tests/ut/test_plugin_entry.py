@@ -76,11 +76,24 @@ def test_standard_decoder_attention_gets_the_fia_backend():
     (dict(use_pcp=True), "PCP not supported"),
     (dict(head_size=96), "head_size not supported"),
     (dict(block_size=8), "block_size not supported"),
-    (dict(use_mla=True), "MLA/sparse attention"),
+    (dict(use_mla=True), "dense MLA"),
+    (dict(use_sparse=True), "dense MLA"),
+    (dict(use_mla=True, use_sparse=True, block_size=8), "ASCEND_EXT_SFA cannot serve.*block_size"),
+    (dict(use_mla=True, use_sparse=True, block_size=128, kv_cache_dtype="fp8"),
+     "ASCEND_EXT_SFA cannot serve.*kv_cache_dtype"),
+    (dict(use_mla=True, use_sparse=True, block_size=128, has_sink=True), "sinks"),
 ])
 def test_unsupported_features_are_refused_at_selection(kw, needle):
     with pytest.raises(UnsupportedAttentionError, match=needle):
         select_attention_backend("t", from_name("a2"), _sel(**kw))
+
+
+def test_sparse_mla_gets_the_sfa_backend():
+    from vllm_ascend_ext.platform.selection import SFA_BACKEND_PATH
+
+    assert select_attention_backend(
+        "t", from_name("a3"), _sel(head_size=704, use_mla=True, use_sparse=True)
+    ) == SFA_BACKEND_PATH
 
 
 def test_emulated_soc_comes_from_the_environment(monkeypatch):

@@ -10,3 +10,12 @@ TINY_QWEN3 = Path(__file__).resolve().parent / "tiny_qwen3"
 def tiny_model_path() -> str:
     """Directory of the embedded tiny Qwen3-style model (realistic-scale weights)."""
     return str(TINY_QWEN3)
+
+
+TINY_DSA = Path(__file__).resolve().parent / "tiny_dsa"
+TINY_DSA_W8A8 = Path(__file__).resolve().parent / "tiny_dsa_w8a8"
+
+
+def tiny_dsa_path(quantized: bool = False) -> str:
+    """Embedded tiny DeepSeek-V3.2-style model (float, or W8A8 with a ModelSlim description)."""
+    return str(TINY_DSA_W8A8 if quantized else TINY_DSA)

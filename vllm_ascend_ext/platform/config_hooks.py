@@ -1,10 +1,54 @@
-"""Config checks both platforms run in ``check_and_update_config`` (idempotent)."""
+"""Config checks and defaults both platforms run in ``check_and_update_config`` (idempotent)."""
 
 from __future__ import annotations
 
+from vllm.logger import init_logger
+
 from vllm_ascend_ext.config import AscendExtConfig, get_config
+
+logger = init_logger("vllm.ascend_ext")
 
 
 def validate_plugin_config(vllm_config) -> AscendExtConfig:
     """Parse ``additional_config["ascend_ext"]``; raises before the engine starts."""
     return get_config(vllm_config)
+
+
+def is_sparse_mla_model(model_config) -> bool:
+    """DeepSeek-V3.2 / GLM-5 style: MLA with a lightning indexer (``index_topk``)."""
+    return bool(model_config is not None and getattr(model_config, "use_mla", False)
+                and hasattr(model_config.hf_config, "index_topk"))
+
+
+def apply_quant_description(vllm_config) -> None:
+    """Select the ``ascend_ext`` method when a local model holds a ModelSlim description.
+
+    vLLM only auto-detects ``config.json``'s ``quantization_config``; an explicit
+    ``--quantization`` always wins.
+    """
+    from vllm_ascend_ext.quantization.config import METHOD_NAME, description_path
+
+    mc = vllm_config.model_config
+    if mc is None or mc.quantization is not None:
+        return
+    path = description_path(mc.model)
+    if path is None:
+        return
+    from vllm.model_executor.model_loader.weight_utils import get_quant_config
+
+    mc.quantization = METHOD_NAME
+    vllm_config.quant_config = get_quant_config(mc, vllm_config.load_config)
+    logger.info("ascend_ext: %s found; quantization method %r selected", path, METHOD_NAME)
+
+
+def sfa_block_size(cache_config) -> None:
+    """Block size the SFA kernels take: a multiple of 16 (default 128)."""
+    from vllm_ascend_ext.attention.sfa.backend import BLOCK_SIZE_ALIGN, DEFAULT_BLOCK_SIZE
+
+    if not cache_config.user_specified_block_size:
+        cache_config.block_size = DEFAULT_BLOCK_SIZE
+    elif cache_config.block_size % BLOCK_SIZE_ALIGN:
+        raise ValueError(
+            f"ascend_ext SFA backend: block_size={cache_config.block_size} is not a multiple "
+            f"of {BLOCK_SIZE_ALIGN} (the indexer / sparse-attention kernels' requirement)"
+        )

@@ -13,7 +13,12 @@ from vllm.platforms.cpu import CpuPlatform
 from vllm_ascend_ext import envs
 from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.allocator import keep_large_blocks_in_heap
-from vllm_ascend_ext.platform.config_hooks import validate_plugin_config
+from vllm_ascend_ext.platform.config_hooks import (
+    apply_quant_description,
+    is_sparse_mla_model,
+    sfa_block_size,
+    validate_plugin_config,
+)
 from vllm_ascend_ext.platform.selection import select_attention_backend
 
 logger = init_logger("vllm.ascend_ext")
@@ -45,4 +50,14 @@ class EmulatedAscendPlatform(CpuPlatform):
     def check_and_update_config(cls, vllm_config) -> None:
         validate_plugin_config(vllm_config)
         cls.soc()  # a bad ASCEND_EXT_SOC fails here, before the engine starts
+        apply_quant_description(vllm_config)
+        sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+        kept = (sched.enable_chunked_prefill, cache.enable_prefix_caching,
+                sched.max_num_batched_tokens)
         super().check_and_update_config(vllm_config)
+        if is_sparse_mla_model(vllm_config.model_config):
+            # vLLM's CPU platform turns chunked prefill and prefix caching off for MLA
+            # (its CPU MLA kernel); the SFA backend serves both, on its own block size.
+            (sched.enable_chunked_prefill, cache.enable_prefix_caching,
+             sched.max_num_batched_tokens) = kept
+            sfa_block_size(cache)

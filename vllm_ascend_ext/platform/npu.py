@@ -13,7 +13,12 @@ from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from vllm_ascend_ext.platform import soc as soc_table
-from vllm_ascend_ext.platform.config_hooks import validate_plugin_config
+from vllm_ascend_ext.platform.config_hooks import (
+    apply_quant_description,
+    is_sparse_mla_model,
+    sfa_block_size,
+    validate_plugin_config,
+)
 from vllm_ascend_ext.platform.selection import select_attention_backend
 
 logger = init_logger("vllm.ascend_ext")
@@ -77,8 +82,11 @@ class AscendNPUPlatform(Platform):
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
             parallel.worker_cls = "vllm.v1.worker.gpu_worker.Worker"
+        apply_quant_description(vllm_config)
         cache = vllm_config.cache_config
-        if not cache.user_specified_block_size:
+        if is_sparse_mla_model(vllm_config.model_config):
+            sfa_block_size(cache)
+        elif not cache.user_specified_block_size:
             cache.block_size = 128
         sched = vllm_config.scheduler_config
         spec = vllm_config.speculative_config

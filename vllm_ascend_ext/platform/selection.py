@@ -13,6 +13,7 @@ from vllm_ascend_ext.platform.soc import Soc
 logger = init_logger("vllm.ascend_ext")
 
 FIA_BACKEND_PATH = "vllm_ascend_ext.attention.fia.backend.AscendFIABackend"
+SFA_BACKEND_PATH = "vllm_ascend_ext.attention.sfa.backend.AscendSFABackend"
 
 
 class UnsupportedAttentionError(ValueError):
@@ -21,16 +22,21 @@ class UnsupportedAttentionError(ValueError):
 
 def select_attention_backend(platform_name: str, soc: Soc, selector_config, device_capability=None) -> str:
     # Imported here: the platform class is loaded while vllm.platforms initializes.
-    from vllm_ascend_ext.attention.fia.backend import BACKEND_NAME, AscendFIABackend
+    from vllm_ascend_ext.attention.fia.backend import AscendFIABackend
+    from vllm_ascend_ext.attention.sfa.backend import AscendSFABackend
 
     cfg = selector_config
-    if cfg.use_mla or cfg.use_sparse:
+    if cfg.use_mla != cfg.use_sparse:
         raise UnsupportedAttentionError(
-            f"ascend_ext ({platform_name}): MLA/sparse attention (use_mla={cfg.use_mla}, "
+            f"ascend_ext ({platform_name}): dense MLA (use_mla={cfg.use_mla}, "
             f"use_sparse={cfg.use_sparse}) has no backend in this version of the plugin; "
-            "only standard decoder attention (GQA/MHA) is served"
+            "served are standard decoder attention (GQA/MHA, backend ASCEND_EXT_FIA) and "
+            "DeepSeek-V3.2-style sparse MLA (ASCEND_EXT_SFA)"
         )
-    reasons = AscendFIABackend.validate_configuration(
+    backend, path = ((AscendSFABackend, SFA_BACKEND_PATH) if cfg.use_mla
+                     else (AscendFIABackend, FIA_BACKEND_PATH))
+    name = backend.get_name()
+    reasons = backend.validate_configuration(
         head_size=cfg.head_size,
         dtype=cfg.dtype,
         kv_cache_dtype=cfg.kv_cache_dtype,
@@ -53,13 +59,13 @@ def select_attention_backend(platform_name: str, soc: Soc, selector_config, devi
     )
     if reasons:
         raise UnsupportedAttentionError(
-            f"ascend_ext ({platform_name}): backend {BACKEND_NAME} cannot serve this "
+            f"ascend_ext ({platform_name}): backend {name} cannot serve this "
             f"attention layer: {'; '.join(reasons)} (head_size={cfg.head_size}, "
             f"dtype={cfg.dtype}, kv_cache_dtype={cfg.kv_cache_dtype}, "
             f"block_size={cfg.block_size}, attn_type={cfg.attn_type})"
         )
     logger.info_once(
         "ascend_ext: platform=%s soc=%s (%s) attention_backend=%s",
-        platform_name, soc.name, soc.family, BACKEND_NAME,
+        platform_name, soc.name, soc.family, name,
     )
-    return FIA_BACKEND_PATH
+    return path

@@ -1,0 +1,126 @@
+"""Run the embedded tiny DeepSeek-V3.2-style model offline; print one RESULT JSON line.
+
+    python tests/e2e/run_dsa.py [--quantized] [--preprocess auto|native|prolog_v3]
+        [--kv-role kv_consumer] [--max-num-batched-tokens N] [--count-ops]
+        [--corrupt-block-table] [--dense-topk] [--layers N]
+
+ASCEND_EXT_EMULATE=1 must be set (the SFA backend exists only under the plugin).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+WORDS = ("the quick brown fox jumps over the lazy dog attention is computed over keys and "
+         "values stored in a paged cache a decode step reads every cached token of its request "
+         "while a prefill chunk attends causally to the prefix numbers like 1 2 3 4 5").split()
+
+
+def prompts(n: int, min_words: int, seed: int = 0) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(min_words, min_words + 40)))
+            for _ in range(n)]
+
+
+def corrupt_block_table() -> None:
+    """Negative control: every request reads the next request's cache blocks."""
+    import dataclasses
+
+    from vllm_ascend_ext.attention.sfa import builder
+
+    original = builder.AscendSFAMetadataBuilder.build
+
+    def build(self, *a, **k):
+        md = original(self, *a, **k)
+        return dataclasses.replace(md, block_table=md.block_table.roll(1, dims=0))
+
+    builder.AscendSFAMetadataBuilder.build = build
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quantized", action="store_true")
+    ap.add_argument("--preprocess", default=None)
+    ap.add_argument("--kv-role", default=None)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--num-prompts", type=int, default=4)
+    ap.add_argument("--min-words", type=int, default=110)
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--count-ops", action="store_true")
+    ap.add_argument("--corrupt-block-table", action="store_true")
+    ap.add_argument("--dense-topk", action="store_true", help="index_topk = 4096 (no sparsity)")
+    ap.add_argument("--enforce-eager", action="store_true")
+    args = ap.parse_args()
+    if args.corrupt_block_table:
+        corrupt_block_table()
+
+    from vllm import LLM, SamplingParams
+
+    from vllm_ascend_ext.models import tiny_dsa_path
+
+    kwargs: dict = {}
+    cfg: dict = {}
+    if args.preprocess:
+        cfg["sfa"] = {"preprocess": args.preprocess}
+    if cfg:
+        kwargs["additional_config"] = {"ascend_ext": cfg}
+    if args.kv_role:
+        kwargs["kv_transfer_config"] = {"kv_connector": "ExampleConnector", "kv_role": args.kv_role,
+                                        "kv_connector_extra_config": {"shared_storage_path": "/tmp/ascend_ext_kv"}}
+    if args.max_num_batched_tokens:
+        kwargs.update(max_num_batched_tokens=args.max_num_batched_tokens,
+                      enable_chunked_prefill=True)
+    overrides = {}
+    if args.layers:
+        overrides["num_hidden_layers"] = args.layers
+    if args.dense_topk:
+        overrides["index_topk"] = 4096
+    if overrides:
+        kwargs["hf_overrides"] = overrides
+    llm = LLM(model=tiny_dsa_path(args.quantized), dtype="float32", seed=0, max_model_len=1024,
+              enforce_eager=args.enforce_eager, **kwargs)
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
+    ps = prompts(args.num_prompts, args.min_words)
+    counter = None
+    if args.count_ops:
+        from vllm_ascend_ext.ops.counting import OpCounter
+
+        counter = OpCounter()
+        counter.__enter__()
+    outs = llm.generate(ps, sp, use_tqdm=False)
+    if counter is not None:
+        counter.__exit__(None, None, None)
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    model = runner.model
+    layers = model.sfa_layers()
+    result = {
+        "model_class": type(model).__name__,
+        "quant": llm.llm_engine.vllm_config.model_config.quantization,
+        "backends": sorted({layer.attn_backend.get_name() for layer in layers}),
+        "routes": [[layer.route.preprocess, layer.route.reason] for layer in layers],
+        "fallback_bytes_freed": sum(layer.weights.fallback_bytes_freed for layer in layers),
+        "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
+        "chunked_prefill": llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill,
+        "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
+        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+                     for o in outs],
+    }
+    if counter is not None:
+        result["steps"] = [{"kind": s.kind, "ops": dict(s.ops), "views": s.views}
+                           for s in counter.steps]
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""SFA backend: DeepSeek-V3.2 / GLM-5 sparse MLA with a lightning indexer.
+
+Declared truthfully: MLA + sparse, decoder only, paged cache rows of
+latent | rope | indexer key (``layout.SfaRow``), block sizes that are multiples
+of 16 (the indexer, SFA and MLA-prolog kernels' requirement; the platform picks
+128), no sinks / sliding window / fp8-int8 KV cache in this version (refused at
+startup by the platform's selection).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import AttentionBackend, AttentionType, MultipleOf
+
+BACKEND_NAME = "ASCEND_EXT_SFA"
+BLOCK_SIZE_ALIGN = 16
+DEFAULT_BLOCK_SIZE = 128
+
+
+class AscendSFABackend(AttentionBackend):
+    forward_includes_kv_cache_update: bool = True
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16, torch.float16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "float16", "bfloat16"]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls():
+        from vllm_ascend_ext.attention.sfa.impl import AscendSFAImpl
+
+        return AscendSFAImpl
+
+    @staticmethod
+    def get_builder_cls():
+        from vllm_ascend_ext.attention.sfa.builder import AscendSFAMetadataBuilder
+
+        return AscendSFAMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(BLOCK_SIZE_ALIGN)]
+
+    @classmethod
+    def is_mla(cls) -> bool:
+        return True
+
+    @classmethod
+    def is_sparse(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_mm_prefix(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_pcp(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_dcp(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        # Only device lengths reach the kernels; host lengths only name the step kind.
+        return True

@@ -1,0 +1,110 @@
+"""Metadata builder of the SFA backend: all per-step work, once per step.
+
+Per step, for every SFA layer of the model together:
+- the slot indices in the dtype the cache writers take (int64 for
+  ``npu_kv_rmsnorm_rope_cache``, ``npu_mla_prolog_v3`` and the indexer-key write;
+  vLLM already hands int64, so no cast happens; anything else is cast here, once);
+- int32 cumulative query ends and KV lengths for the indexer and SFA (TND / PA_BSND);
+- RoPE cos/sin gathered by position from the model's rope cache (half-duplicated);
+- the step kind, from host lengths only (no device read).
+Layers only consume this; nothing here is per layer.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import (
+    AttentionCGSupport,
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+)
+
+from vllm_ascend_ext.attention.sfa.metadata import AscendSFAMetadata
+from vllm_ascend_ext.ops.counting import mark_step
+
+
+class SfaBatchError(ValueError):
+    """Batch metadata the SFA backend cannot serve; names the field."""
+
+
+def step_kind(query_lens: list[int]) -> str:
+    if all(n == 1 for n in query_lens):
+        return "decode"
+    if all(n > 1 for n in query_lens):
+        return "prefill"
+    return "mixed"
+
+
+def half_duplicated(cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's rope cache rows [cos_half | sin_half] -> (cat(cos, cos), cat(sin, sin))."""
+    cos_h, sin_h = cos_sin.chunk(2, dim=-1)
+    return torch.cat((cos_h, cos_h), -1), torch.cat((sin_h, sin_h), -1)
+
+
+def _rope_cache(vllm_config, layer_names) -> torch.Tensor:
+    from vllm.config import get_layers_from_vllm_config
+
+    from vllm_ascend_ext.attention.sfa.layer import SfaLayer
+
+    layers = get_layers_from_vllm_config(vllm_config, SfaLayer, layer_names)
+    caches = {id(layer.rope_cos_sin): layer.rope_cos_sin for layer in layers.values()}
+    if len(caches) != 1:
+        raise SfaBatchError(f"SFA layers {layer_names[:2]}... must share one rope cache")
+    return next(iter(caches.values()))
+
+
+class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
+    # Graph capture is not validated for the SFA path yet: every step runs eager.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device, *, rope_cos_sin=None):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.rope_cos_sin = (rope_cos_sin if rope_cos_sin is not None
+                             else _rope_cache(vllm_config, layer_names))
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> AscendSFAMetadata:
+        cam = common_attn_metadata
+        b = cam.num_reqs
+        qsl = cam.query_start_loc_cpu[: b + 1].tolist()      # host copy: no device read
+        query_lens = [qsl[i + 1] - qsl[i] for i in range(b)]
+        if any(n < 0 for n in query_lens) or qsl[0] != 0:
+            raise SfaBatchError(f"query_start_loc_cpu is not a cumulative sum from 0: {qsl}")
+        t = qsl[-1]
+        if t > cam.num_actual_tokens:
+            raise SfaBatchError(
+                f"query_start_loc_cpu ends at {t} but num_actual_tokens is "
+                f"{cam.num_actual_tokens}"
+            )
+        if cam.positions is None:
+            raise SfaBatchError("CommonAttentionMetadata.positions is required by SFA (RoPE)")
+        if cam.causal is not True:
+            raise SfaBatchError("SFA serves causal decoder attention only (causal=False given)")
+        kind = step_kind(query_lens)
+        mark_step(kind)
+        slots = cam.slot_mapping[:t]
+        if slots.dtype != torch.int64:
+            slots = slots.to(torch.int64)
+        block_table = cam.block_table_tensor[:b]
+        if block_table.dtype != torch.int32:
+            block_table = block_table.to(torch.int32)
+        cu_q = cam.query_start_loc[1 : b + 1]
+        seq_lens = cam.seq_lens[:b]
+        if cu_q.dtype != torch.int32:
+            cu_q = cu_q.to(torch.int32)
+        if seq_lens.dtype != torch.int32:
+            seq_lens = seq_lens.to(torch.int32)
+        cos, sin = half_duplicated(self.rope_cos_sin.index_select(0, cam.positions[:t]))
+        return AscendSFAMetadata(
+            num_actual_tokens=t,
+            num_reqs=b,
+            kind=kind,
+            slot_indices=slots,
+            block_table=block_table,
+            cu_seqlens_q=cu_q,
+            seq_lens=seq_lens,
+            cos=cos,
+            sin=sin,
+        )

@@ -1,0 +1,76 @@
+"""Per-layer weights the SFA forward needs, derived once after loading.
+
+- ``w_uk`` [N, D, Hckv] and ``w_uv`` [N, Hckv, Dv]: ``kv_b_proj`` split per head
+  (absorbed MLA: queries move into the latent space, outputs move out of it);
+- on the fused route, the prolog's weight set in its own layout (``[in, out]``;
+  the NPU additionally casts to FRACTAL_NZ) plus W8A8 dequant scales;
+- on KV consumers with the fused route, the native-chain ("fallback") weights of
+  ``q_a_proj`` / ``q_b_proj`` / ``kv_a_proj_with_mqa`` are disposed; the freed
+  bytes are reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PROLOG_SOURCES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa")
+
+
+@dataclass
+class PrologWeights:
+    w_dq: torch.Tensor
+    w_uq_qr: torch.Tensor
+    w_dkv_kr: torch.Tensor
+    quantized: bool
+    scale_dq: torch.Tensor | None = None
+    scale_uq_qr: torch.Tensor | None = None
+    scale_dkv_kr: torch.Tensor | None = None
+
+
+@dataclass
+class SfaWeights:
+    w_uk: torch.Tensor
+    w_uv: torch.Tensor
+    prolog: PrologWeights | None
+    fallback_bytes_freed: int = 0
+
+
+def is_w8a8(linear) -> bool:
+    return bool(getattr(linear, "w8a8", False))
+
+
+def dense_weight(linear) -> torch.Tensor:
+    """A linear layer's weight as float [out, in] (dequantized when W8A8)."""
+    if is_w8a8(linear):
+        return (linear.weight.float() * linear.weight_scale[None, :]).t()
+    return linear.weight
+
+
+def _prolog_layout(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if is_w8a8(linear):          # already [in, out] int8 (contiguous: no copy)
+        return linear.weight.contiguous(), linear.weight_scale.view(1, -1)
+    return linear.weight.t().contiguous(), None
+
+
+def prepare(attn, *, route: str, dispose_fallback: bool) -> SfaWeights:
+    n, d, dv = attn.num_local_heads, attn.qk_nope_head_dim, attn.v_head_dim
+    kvb = dense_weight(attn.kv_b_proj).reshape(n, d + dv, -1)
+    w_uk = kvb[:, :d].contiguous()
+    w_uv = kvb[:, d:].transpose(1, 2).contiguous()
+    prolog = None
+    freed = 0
+    if route == "prolog_v3":
+        (w_dq, s_dq), (w_uq, s_uq), (w_kv, s_kv) = (
+            _prolog_layout(getattr(attn, name)) for name in PROLOG_SOURCES)
+        quantized = is_w8a8(attn.q_a_proj)
+        prolog = PrologWeights(w_dq, w_uq, w_kv, quantized, s_dq, s_uq, s_kv)
+        if dispose_fallback:
+            keep = {p.data_ptr() for p in (w_dq, w_uq, w_kv)}
+            for name in PROLOG_SOURCES:
+                lin = getattr(attn, name)
+                if lin.weight.data_ptr() not in keep:
+                    freed += lin.weight.numel() * lin.weight.element_size()
+                lin.weight = torch.nn.Parameter(lin.weight.new_empty(0), requires_grad=False)
+    return SfaWeights(w_uk, w_uv, prolog, freed)

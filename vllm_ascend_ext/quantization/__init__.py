@@ -1,0 +1,1 @@
+"""ModelSlim-quantized checkpoints (``quant_model_description.json``), method ``ascend_ext``."""
