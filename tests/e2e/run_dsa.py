@@ -75,8 +75,11 @@ def main() -> None:
     if cfg:
         kwargs["additional_config"] = {"ascend_ext": cfg}
     if args.kv_role:
-        kwargs["kv_transfer_config"] = {"kv_connector": "ExampleConnector", "kv_role": args.kv_role,
-                                        "kv_connector_extra_config": {"shared_storage_path": "/tmp/ascend_ext_kv"}}
+        import tempfile
+
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "ExampleConnector", "kv_role": args.kv_role,
+            "kv_connector_extra_config": {"shared_storage_path": tempfile.mkdtemp()}}
     if args.max_num_batched_tokens:
         kwargs.update(max_num_batched_tokens=args.max_num_batched_tokens,
                       enable_chunked_prefill=True)
@@ -91,18 +94,20 @@ def main() -> None:
               enforce_eager=args.enforce_eager, **kwargs)
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
     ps = prompts(args.num_prompts, args.min_words)
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    model = runner.model
+    layers = model.sfa_layers()
     counter = None
     if args.count_ops:
         from vllm_ascend_ext.ops.counting import OpCounter
 
         counter = OpCounter()
+        for layer in layers:
+            counter.watch(layer.owner.indexer.wk_weights_proj.weight, "wk_weights_proj")
         counter.__enter__()
     outs = llm.generate(ps, sp, use_tqdm=False)
     if counter is not None:
         counter.__exit__(None, None, None)
-    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-    model = runner.model
-    layers = model.sfa_layers()
     result = {
         "model_class": type(model).__name__,
         "quant": llm.llm_engine.vllm_config.model_config.quantization,

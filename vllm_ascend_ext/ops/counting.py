@@ -29,6 +29,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _ACTIVE: list[OpCounter] = []
+# Bookkeeping, not kernels.
+IGNORED_NAMESPACES = ("profiler",)
+# Custom-op wrappers whose body is counted instead of the wrapper: name -> Python body.
+_TRANSPARENT: dict[str, Callable[..., Any]] = {}
+
+
+def register_transparent(op_name: str, body: Callable[..., Any]) -> None:
+    _TRANSPARENT[op_name] = body
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -55,6 +63,11 @@ class OpCounter(TorchDispatchMode):
         super().__init__()
         self.steps: list[StepCounts] = [StepCounts("before-first-step")]
         self._opaque_depth = 0
+        self._watched: dict[int, str] = {}
+
+    def watch(self, tensor: torch.Tensor, label: str) -> None:
+        """Also count every operator reading ``tensor``'s storage, as ``uses[label]``."""
+        self._watched[tensor.untyped_storage().data_ptr()] = label
 
     # -- step buckets -------------------------------------------------------
     def new_step(self, kind: str) -> None:
@@ -76,10 +89,23 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        inner = _TRANSPARENT.get(str(func.overloadpacket))
+        if inner is not None:
+            # The plugin's own entry ops (e.g. ascend_ext.sfa_forward) are wrappers:
+            # count what runs inside them (their Python body), not the wrapper.
+            with self:
+                return inner(*args, **kwargs)
         if self._opaque_depth == 0:
+            if func.namespace in IGNORED_NAMESPACES:
+                return func(*args, **kwargs)
             if _is_view(func):
                 self._bucket().views += 1
             else:
+                for a in args if self._watched else ():
+                    if isinstance(a, torch.Tensor):
+                        label = self._watched.get(a.untyped_storage().data_ptr())
+                        if label is not None:
+                            self._bucket().ops[f"uses[{label}]"] += 1
                 name = str(func.overloadpacket)
                 if name == "aten._to_copy" and args and isinstance(args[0], torch.Tensor):
                     dst = kwargs.get("dtype") or args[0].dtype

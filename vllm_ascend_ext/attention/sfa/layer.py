@@ -41,9 +41,12 @@ def ensure_op_registered() -> None:
         return
     from vllm.utils.torch_utils import direct_register_custom_op
 
+    from vllm_ascend_ext.ops.counting import register_transparent
+
     _LIB = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
     direct_register_custom_op("sfa_forward", sfa_forward, mutates_args=["output"],
                               fake_impl=_sfa_forward_fake, target_lib=_LIB)
+    register_transparent(f"{OP_NAMESPACE}.sfa_forward", sfa_forward)
 
 
 class SfaLayer(nn.Module, AttentionLayerBase):
