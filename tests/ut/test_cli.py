@@ -37,6 +37,12 @@ def test_serve_builds_vllm_server_arguments(captured, argv, expected):
 def test_other_commands(capsys):
     assert cli.main(["tiny-model-path"]) == 0
     assert capsys.readouterr().out.strip() == tiny_model_path()
+    from vllm_ascend_ext.models import tiny_dsa_path
+
+    assert cli.main(["tiny-model-path", "dsa-w8a8"]) == 0
+    assert capsys.readouterr().out.strip() == tiny_dsa_path(quantized=True)
+    assert cli.main(["tiny-model-path", "llama"]) == 2
+    assert "qwen3, dsa, dsa-w8a8" in capsys.readouterr().err
     assert cli.main(["bogus"]) == 2
     assert "unknown command 'bogus'" in capsys.readouterr().err
     assert cli.main([]) == 2

@@ -50,6 +50,8 @@ class StepCounts:
     kind: str
     ops: Counter = field(default_factory=Counter)
     views: int = 0
+    # The part of ``ops`` that ran inside the plugin's layer entry ops (attention layers).
+    in_layers: Counter = field(default_factory=Counter)
 
     @property
     def total(self) -> int:
@@ -63,6 +65,7 @@ class OpCounter(TorchDispatchMode):
         super().__init__()
         self.steps: list[StepCounts] = [StepCounts("before-first-step")]
         self._opaque_depth = 0
+        self._region_depth = 0
         self._watched: dict[int, str] = {}
 
     def watch(self, tensor: torch.Tensor, label: str) -> None:
@@ -83,9 +86,15 @@ class OpCounter(TorchDispatchMode):
         return out
 
     # -- counting -----------------------------------------------------------
+    def _count(self, name: str) -> None:
+        bucket = self._bucket()
+        bucket.ops[name] += 1
+        if self._region_depth:
+            bucket.in_layers[name] += 1
+
     def record_npu_op(self, name: str) -> None:
         if self._opaque_depth == 0:
-            self._bucket().ops[name] += 1
+            self._count(name)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -93,8 +102,12 @@ class OpCounter(TorchDispatchMode):
         if inner is not None:
             # The plugin's own entry ops (e.g. ascend_ext.sfa_forward) are wrappers:
             # count what runs inside them (their Python body), not the wrapper.
-            with self:
-                return inner(*args, **kwargs)
+            self._region_depth += 1
+            try:
+                with self:
+                    return inner(*args, **kwargs)
+            finally:
+                self._region_depth -= 1
         if self._opaque_depth == 0:
             if func.namespace in IGNORED_NAMESPACES:
                 return func(*args, **kwargs)
@@ -105,13 +118,13 @@ class OpCounter(TorchDispatchMode):
                     if isinstance(a, torch.Tensor):
                         label = self._watched.get(a.untyped_storage().data_ptr())
                         if label is not None:
-                            self._bucket().ops[f"uses[{label}]"] += 1
+                            self._count(f"uses[{label}]")
                 name = str(func.overloadpacket)
                 if name == "aten._to_copy" and args and isinstance(args[0], torch.Tensor):
                     dst = kwargs.get("dtype") or args[0].dtype
                     if dst != args[0].dtype:
                         name = f"{name}[{args[0].dtype}->{dst}]"
-                self._bucket().ops[name] += 1
+                self._count(name)
         return func(*args, **kwargs)
 
     def __enter__(self):
