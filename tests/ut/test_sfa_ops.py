@@ -399,3 +399,22 @@ def test_meta_implementations_give_shapes_without_data():
         key_rope=torch.empty(3, 16, 1, 64, **m), layout_query="TND", layout_kv="PA_BSND",
         attention_mode=2)
     assert o.shape == (t, n, 512)
+
+
+def test_lightning_indexer_ties_at_the_boundary_keep_the_top_score_multiset():
+    """Equal scores: which tied key wins is unspecified, the selected scores are not."""
+    torch.manual_seed(10)
+    base = torch.randn(4, 1, 8)
+    keys = [torch.cat([base, base, base[:2]])]            # 10 keys, each score appears 2-3 times
+    kc, _, table = write_paged(keys, keys, 4, 4, random.Random(3), torch.float32)
+    q, w = torch.randn(1, 2, 8), torch.rand(1, 2) + 0.1
+    idx, _ = npu_lightning_indexer(q, kc, w, actual_seq_lengths_query=torch.tensor([1], dtype=torch.int32),
+                                   actual_seq_lengths_key=torch.tensor([10], dtype=torch.int32),
+                                   block_table=table, layout_query="TND", layout_key="PA_BSND",
+                                   sparse_count=5, sparse_mode=3)
+    score = [sum(float(w[0, h]) * max(0.0, float(q[0, h] @ keys[0][j, 0])) for h in range(2))
+             for j in range(10)]
+    got = idx[0, 0].tolist()
+    assert len(set(got)) == 5 and all(0 <= j < 10 for j in got)
+    assert sorted((round(score[j], 5) for j in got), reverse=True) == \
+        sorted((round(v, 5) for v in score), reverse=True)[:5]

@@ -78,5 +78,5 @@ class AscendSFABackend(AttentionBackend):
 
     @classmethod
     def supports_device_cpu_query_lens_mismatch(cls) -> bool:
-        # Only device lengths reach the kernels; host lengths only name the step kind.
-        return True
+        # The builder takes the step's token count from query_start_loc_cpu.
+        return False
