@@ -77,3 +77,35 @@ def test_bad_values_name_the_field():
         decide(LayerFacts(quant="float", kv_role="consumer"))
     with pytest.raises(ValueError, match="sfa.preprocess='fused'"):
         decide(LayerFacts(quant="float"), "fused")
+
+
+# ---- which fused prolog operator (csrc issue): torch_npu's v3 or the plugin's K3 ----
+from vllm_ascend_ext.attention.sfa.route import PROLOG_V3, PROLOG_V3_K3, prolog_op  # noqa: E402
+
+
+@pytest.mark.parametrize("rope_dim,kv_quant,quant,op", [
+    (64, "none", "float", PROLOG_V3),            # ordinary MLA / SFA
+    (64, "c8", "w8a8_dynamic", PROLOG_V3),       # SFA with the C8 per-tile KV mode
+    (64, "none", "w8a8_dynamic", PROLOG_V3),
+    (0, "none", "float", PROLOG_V3_K3),          # no RoPE dims: the plugin's own op
+    (0, "c8", "float", None),                    # K3 has no KV-cache quant mode
+    (0, "none", "w8a8_dynamic", None),           # K3 has no weight-quant mode
+])
+def test_prolog_operator_choice(rope_dim, kv_quant, quant, op):
+    chosen, reason = prolog_op(rope_dim, kv_quant, quant)
+    assert chosen == op and reason
+    if op == PROLOG_V3_K3:
+        assert "qk_rope_head_dim=0" in reason
+    if kv_quant == "c8" and op == PROLOG_V3:
+        assert "C8" in reason
+
+
+def test_routes_carry_their_prolog_operator():
+    assert decide(LayerFacts(quant="w8a8_dynamic")).prolog_op == PROLOG_V3
+    assert decide(LayerFacts(quant="float", kv_role="kv_consumer", rope_dim=0)).prolog_op \
+        == PROLOG_V3_K3
+    assert decide(LayerFacts(quant="float")).prolog_op is None          # native chain
+    r = decide(LayerFacts(quant="float", kv_role="kv_consumer", rope_dim=0, kv_cache_quant="c8"))
+    assert r.preprocess == "native" and "C8" in r.reason
+    with pytest.raises(SfaRouteError, match="no C8 KV-cache mode"):
+        decide(LayerFacts(quant="float", rope_dim=0, kv_cache_quant="c8"), "prolog_v3")

@@ -65,7 +65,7 @@ def layer_facts(vllm_config: VllmConfig, attn: nn.Module) -> sfa_route.LayerFact
         quant=quant, kv_role=role,
         prefill_cp=vllm_config.parallel_config.prefill_context_parallel_size > 1,
         kv_cache_quant="c8" if cache_dtype.startswith(("int8", "fp8")) else "none",
-        soc_family=soc)
+        soc_family=soc, rope_dim=attn.qk_rope_head_dim)
 
 
 def is_w8a8_method(linear) -> bool:
@@ -148,6 +148,10 @@ class DsaAttention(nn.Module):
 
         self.attn.route = sfa_route.decide(layer_facts(vllm_config, self),
                                            get_config(vllm_config).sfa.preprocess)
+        if self.attn.route.prolog_op not in (None, sfa_route.PROLOG_V3):
+            raise NotImplementedError(
+                f"{prefix}: SFA layers need RoPE dims; prolog {self.attn.route.prolog_op} "
+                "is for no-RoPE MLA layers")
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         out = hidden_states.new_empty(hidden_states.shape[0],
@@ -224,9 +228,11 @@ class AscendDeepseekV32ForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
                                       prefix=maybe_prefix(prefix, "lm_head"))
         self.logits_processor = LogitsProcessor(config.vocab_size)
-        routes = Counter((a.route.preprocess, a.route.reason) for a in self.sfa_layers())
-        for (r, why), n in sorted(routes.items()):
-            logger.info("ascend_ext SFA preprocessing: %d layer(s) -> %s (%s)", n, r, why)
+        routes = Counter((a.route.preprocess, a.route.reason, a.route.prolog_op or "")
+                         for a in self.sfa_layers())
+        for (r, why, op), n in sorted(routes.items()):
+            logger.info("ascend_ext SFA preprocessing: %d layer(s) -> %s (%s)%s", n, r, why,
+                        f"; operator {op}" if op else "")
 
     def sfa_layers(self) -> list[SfaLayer]:
         return [m for m in self.modules() if isinstance(m, SfaLayer)]

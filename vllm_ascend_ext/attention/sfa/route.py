@@ -13,6 +13,12 @@ The rule (vllm-ascend PR 16328, ``shared/prior-art.md``):
   ``prolog_v3`` forces the prolog and fails with a clear error where the layer
   cannot take it.
 
+Which fused prolog operator a layer takes (``prolog_op``): layers with RoPE dims
+(ordinary MLA and SFA, including the C8 per-tile KV mode) use torch_npu's
+``npu_mla_prolog_v3``; layers without RoPE dims (``qk_rope_head_dim == 0``) use the
+plugin's own ``_C_ascend_ext.npu_mla_prolog_v3_k3`` (``csrc/``), which has no KV-cache
+quantization mode.
+
 ``decide`` takes plain values and returns the route with its reason; the model,
 the log line and the tests call the same function.
 """
@@ -26,6 +32,8 @@ KV_ROLES = ("none", "kv_producer", "kv_consumer", "kv_both")
 KV_CACHE_QUANTS = ("none", "c8")
 # SoC families whose MLA prolog takes fp8 / mxfp8 weights (A2/A3 reject them).
 MXFP8_FAMILIES = ("A5",)
+PROLOG_V3 = "torch_npu.npu_mla_prolog_v3"
+PROLOG_V3_K3 = "_C_ascend_ext.npu_mla_prolog_v3_k3"
 
 
 class SfaRouteError(ValueError):
@@ -39,6 +47,7 @@ class LayerFacts:
     prefill_cp: bool = False   # prefill context parallelism enabled
     kv_cache_quant: str = "none"
     soc_family: str = "A3"
+    rope_dim: int = 64         # qk_rope_head_dim (0: a no-RoPE MLA layer)
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,22 @@ class Route:
     reason: str
     cache_layout: str          # "model-dtype latent+rope" | "int8 C8 latent+rope"
     dispose_fallback: bool     # free the native-chain weights after load
+    prolog_op: str | None = None   # the fused operator, when preprocess == "prolog_v3"
+    prolog_op_reason: str = ""
+
+
+def prolog_op(rope_dim: int, kv_cache_quant: str = "none", quant: str = "float") -> tuple[str | None, str]:
+    """(operator, reason) for a layer's fused prolog; operator None when none fits."""
+    if rope_dim < 0:
+        raise ValueError(f"SFA route: rope_dim={rope_dim} must be >= 0")
+    if rope_dim > 0:
+        mode = " (C8 per-tile KV mode)" if kv_cache_quant == "c8" else ""
+        return PROLOG_V3, f"RoPE dims ({rope_dim}): torch_npu's npu_mla_prolog_v3{mode}"
+    if kv_cache_quant == "c8":
+        return None, "no-RoPE prolog (npu_mla_prolog_v3_k3) has no C8 KV-cache mode"
+    if quant != "float":
+        return None, f"no-RoPE prolog (npu_mla_prolog_v3_k3) takes bf16/fp32 weights, not {quant}"
+    return PROLOG_V3_K3, "no RoPE dims (qk_rope_head_dim=0): the plugin's npu_mla_prolog_v3_k3"
 
 
 def _check(f: LayerFacts, override: str) -> None:
@@ -65,6 +90,9 @@ def _fused_possible(f: LayerFacts) -> tuple[bool, str]:
                        "kv_a_proj_with_mqa) are quantized")
     if f.quant == "mxfp8" and f.soc_family not in MXFP8_FAMILIES:
         return False, f"MXFP8 prolog weights need {'/'.join(MXFP8_FAMILIES)}, soc is {f.soc_family}"
+    op, why = prolog_op(f.rope_dim, f.kv_cache_quant, f.quant)
+    if op is None:
+        return False, why
     return True, ""
 
 
@@ -91,4 +119,7 @@ def decide(f: LayerFacts, override: str = "auto") -> Route:
     else:
         route = "native"
         reason = f"unquantized layer, deployment {f.kv_role!r}: native chain"
-    return Route(route, reason, layout, route == "prolog_v3" and f.kv_role == "kv_consumer")
+    op, op_reason = prolog_op(f.rope_dim, f.kv_cache_quant, f.quant) if route == "prolog_v3" \
+        else (None, "")
+    return Route(route, reason, layout, route == "prolog_v3" and f.kv_role == "kv_consumer",
+                 op, op_reason)

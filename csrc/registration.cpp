@@ -1,0 +1,35 @@
+// The plugin's custom-op library: namespace _C_ascend_ext, never a torch_npu/CANN name.
+//
+// TORCH_LIBRARY (not FRAGMENT) owns the namespace: a second library defining it, or
+// a second definition of an op, fails loudly at load time instead of replacing it.
+// Every op name carries its own suffix (npu_mla_prolog_v3_k3, not npu_mla_prolog_v3):
+// vllm-ascend PR 16924 shows what a custom build under CANN's name breaks.
+#include <torch/library.h>
+
+#include "mla_prolog_v3_k3.h"
+
+TORCH_LIBRARY(_C_ascend_ext, m) {
+  m.def(
+      "npu_mla_prolog_v3_k3(Tensor token_x, Tensor weight_dq, Tensor weight_uq_qr, "
+      "Tensor weight_uk, Tensor weight_dkv_kr, Tensor rmsnorm_gamma_cq, "
+      "Tensor rmsnorm_gamma_ckv, Tensor(a!) kv_cache, *, Tensor? cache_index=None, "
+      "float rmsnorm_epsilon_cq=1e-05, float rmsnorm_epsilon_ckv=1e-05, "
+      "str cache_mode=\"PA_BSND\", bool query_norm_flag=False, float qc_qr_scale=1.0, "
+      "float kc_scale=1.0) -> (Tensor query, Tensor query_norm)");
+}
+
+TORCH_LIBRARY_IMPL(_C_ascend_ext, CPU, m) {
+  m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_kernel);
+}
+
+TORCH_LIBRARY_IMPL(_C_ascend_ext, Meta, m) {
+  m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_meta);
+}
+
+#ifdef ASCEND_EXT_WITH_NPU
+// Built only where CANN is found (setup.py): the same composite kernel, its ATen ops
+// dispatched to torch_npu's NPU kernels. A fused Ascend C kernel would register here.
+TORCH_LIBRARY_IMPL(_C_ascend_ext, PrivateUse1, m) {
+  m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_kernel);
+}
+#endif
