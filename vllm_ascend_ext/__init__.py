@@ -70,7 +70,7 @@ def register() -> None:
 
     from vllm_ascend_ext.attention.fia.backend import BACKEND_NAME as FIA
     from vllm_ascend_ext.attention.sfa.backend import BACKEND_NAME as SFA
-    from vllm_ascend_ext.models.deepseek_v32 import register_models
+    from vllm_ascend_ext.models import register_models
     from vllm_ascend_ext.platform.selection import FIA_BACKEND_PATH, SFA_BACKEND_PATH
     from vllm_ascend_ext.quantization.config import register as register_quantization
 

@@ -28,9 +28,30 @@ def test_register_is_a_no_op_when_inactive(monkeypatch):
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     monkeypatch.delenv("ASCEND_EXT_EMULATE", raising=False)
+    from vllm import ModelRegistry
+    from vllm.model_executor.layers import quantization as q
+
     before = list(AttentionBackendEnum.__members__)
+    had_method = "ascend_ext" in q.QUANTIZATION_METHODS
     vllm_ascend_ext.register()
     assert list(AttentionBackendEnum.__members__) == before
+    assert ("ascend_ext" in q.QUANTIZATION_METHODS) == had_method
+    if not had_method:
+        assert "AscendDeepseekV32" not in str(ModelRegistry.models.get("DeepseekV32ForCausalLM"))
+
+
+def test_register_when_active_adds_backends_quantization_and_dsa_models(monkeypatch):
+    from vllm import ModelRegistry
+    from vllm.model_executor.layers import quantization as q
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    monkeypatch.setenv("ASCEND_EXT_EMULATE", "1")
+    vllm_ascend_ext.register()
+    vllm_ascend_ext.register()                      # idempotent
+    assert {"ASCEND_EXT_FIA", "ASCEND_EXT_SFA"} <= set(AttentionBackendEnum.__members__)
+    assert q.get_quantization_config("ascend_ext").__name__ == "AscendExtQuantConfig"
+    for arch in ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"):
+        assert "AscendDeepseekV32ForCausalLM" in str(ModelRegistry.models[arch])
 
 
 @pytest.mark.parametrize("value", ["1", "true", "ON"])

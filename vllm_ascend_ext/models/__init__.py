@@ -19,3 +19,16 @@ TINY_DSA_W8A8 = Path(__file__).resolve().parent / "tiny_dsa_w8a8"
 def tiny_dsa_path(quantized: bool = False) -> str:
     """Embedded tiny DeepSeek-V3.2-style model (float, or W8A8 with a ModelSlim description)."""
     return str(TINY_DSA_W8A8 if quantized else TINY_DSA)
+
+
+# Architectures the plugin serves with its own model class while its platform is active.
+DSA_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+DSA_MODEL_CLASS = "vllm_ascend_ext.models.deepseek_v32:AscendDeepseekV32ForCausalLM"
+
+
+def register_models() -> None:
+    """Serve the DSA architectures with the plugin's class (lazy: imported on first use)."""
+    from vllm import ModelRegistry
+
+    for arch in DSA_ARCHITECTURES:
+        ModelRegistry.register_model(arch, DSA_MODEL_CLASS)

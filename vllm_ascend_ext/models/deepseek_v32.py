@@ -47,7 +47,6 @@ from vllm_ascend_ext.attention.sfa.layout import SfaRow
 from vllm_ascend_ext.attention.sfa.weights import PROLOG_SOURCES, is_w8a8, prepare
 
 logger = init_logger("vllm.ascend_ext")
-ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
 
 
 def layer_facts(vllm_config: VllmConfig, attn: nn.Module) -> sfa_route.LayerFacts:
@@ -295,12 +294,3 @@ class AscendDeepseekV32ForCausalLM(nn.Module):
                     getattr(p, "weight_loader", default_weight_loader)(p, w)
                     loaded.add(name)
         return loaded
-
-
-def register_models() -> None:
-    """Serve the DSA architectures with this class (the plugin's platform is active)."""
-    from vllm import ModelRegistry
-
-    for arch in ARCHITECTURES:
-        ModelRegistry.register_model(
-            arch, "vllm_ascend_ext.models.deepseek_v32:AscendDeepseekV32ForCausalLM")
