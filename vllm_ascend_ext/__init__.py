@@ -79,3 +79,6 @@ def register() -> None:
             register_backend(name, path)
     register_quantization()
     register_models()
+    from vllm_ascend_ext.ops._ext import report_if_missing
+
+    report_if_missing()

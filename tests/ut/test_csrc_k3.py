@@ -169,6 +169,22 @@ def test_a_second_registration_fails_loudly():
         frag.define("npu_mla_prolog_v3_k3(Tensor x) -> Tensor")
 
 
+def test_plugin_start_reports_a_missing_library(monkeypatch, caplog):
+    import importlib.util
+    import logging
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == _ext.MODULE else real(name, *a))
+    monkeypatch.setattr(_ext, "_state", {})
+    monkeypatch.setattr(logging.getLogger("vllm.ascend_ext"), "propagate", True)
+    with caplog.at_level(logging.WARNING, logger="vllm.ascend_ext"):
+        assert _ext.report_if_missing() is False
+    assert "was not built" in caplog.text
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert _ext.report_if_missing() is True
+
+
 def test_hidden_library_falls_back_to_the_reference_and_says_so():
     code = r"""
 import sys, logging, torch

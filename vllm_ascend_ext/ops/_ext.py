@@ -30,6 +30,24 @@ def load() -> bool:
     return _state["loaded"]
 
 
+def report_if_missing() -> bool:
+    """At plugin start: warn (once per process) when the library was not built.
+
+    pip hides the build's own banner unless ``-v``; this line is what a user sees.
+    Checks for the module file only (does not load the library).
+    """
+    import importlib.util
+
+    present = importlib.util.find_spec(MODULE) is not None
+    if not present and not _state.get("reported"):
+        _state["reported"] = True
+        _logger.warning(
+            "ascend_ext: the compiled op library %s was not built (no C++ compiler or no "
+            "torch at install time?); its ops run on Python references. Reinstall with "
+            "README's install command to build it.", MODULE)
+    return present
+
+
 def registered_ops() -> list[str]:
     """Names of the ops the loaded library defines (empty when it is not loaded)."""
     if not load():
