@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--corrupt-block-table", action="store_true")
     ap.add_argument("--dense-topk", action="store_true", help="index_topk = 4096 (no sparsity)")
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--dummy", action="store_true", help="load_format=dummy")
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
@@ -90,6 +91,8 @@ def main() -> None:
         overrides["index_topk"] = 4096
     if overrides:
         kwargs["hf_overrides"] = overrides
+    if args.dummy:
+        kwargs["load_format"] = "dummy"
     llm = LLM(model=tiny_dsa_path(args.quantized), dtype="float32", seed=0, max_model_len=1024,
               enforce_eager=args.enforce_eager, **kwargs)
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)

@@ -98,3 +98,12 @@ def test_per_step_counts_do_not_grow_with_depth_and_the_indexer_gemm_runs_once(d
     assert d2.get("aten.clone", 0) == d1.get("aten.clone", 0) == 0
     assert "aten.contiguous" not in d2
     assert d2["aten.copy_"] - d1["aten.copy_"] == 1             # one output write per layer
+
+
+def test_w8a8_model_under_dummy_loading_is_deterministic():
+    """vLLM leaves int8 parameters uninitialised under load_format=dummy; the plugin fills them."""
+    args = ("--quantized", "--dummy", "--num-prompts", "2", "--max-tokens", "4")
+    a = run_script("run_dsa.py", *args, emulate=True)
+    b = run_script("run_dsa.py", *args, emulate=True)
+    assert {rt[0] for rt in a["routes"]} == {"prolog_v3"}
+    assert a["tokens"] == b["tokens"] and a["logprobs"] == b["logprobs"]

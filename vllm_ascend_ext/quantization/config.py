@@ -58,9 +58,12 @@ class AscendExtQuantConfig(QuantizationConfig):
         shards = tuple(self.packed_modules_mapping.get(last, ()))
         kind = self.description.layer_type(prefix, shards)
         if kind == W8A8_DYNAMIC:
+            from vllm.config import get_current_vllm_config
+
             from vllm_ascend_ext.quantization.w8a8_dynamic import W8A8DynamicLinearMethod
 
-            return W8A8DynamicLinearMethod(prefix)
+            load_format = str(get_current_vllm_config().load_config.load_format)
+            return W8A8DynamicLinearMethod(prefix, dummy_loading=load_format == "dummy")
         assert kind == FLOAT
         return UnquantizedLinearMethod()
 

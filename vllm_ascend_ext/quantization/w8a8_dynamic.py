@@ -32,8 +32,10 @@ def deterministic_int8(shape: tuple[int, ...], name: str) -> torch.Tensor:
 
 
 class W8A8DynamicLinearMethod(LinearMethodBase):
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, *, dummy_loading: bool = False) -> None:
         self.prefix = prefix
+        # Under dummy loading vLLM fills every float parameter, offsets included.
+        self.dummy = dummy_loading
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
                        input_size, output_size, params_dtype, **extra_weight_attrs):
@@ -52,7 +54,7 @@ class W8A8DynamicLinearMethod(LinearMethodBase):
         layer.w8a8_output_sizes = list(output_partition_sizes)
 
     def process_weights_after_loading(self, layer) -> None:
-        if torch.count_nonzero(layer.weight_offset.data).item():
+        if not self.dummy and torch.count_nonzero(layer.weight_offset.data).item():
             raise ValueError(f"{self.prefix}: W8A8_DYNAMIC weight_offset must be zero (symmetric)")
         w = layer.weight.data.t().contiguous()
         layer.weight = torch.nn.Parameter(w, requires_grad=False)
