@@ -46,6 +46,26 @@ def corrupt_block_table() -> None:
     builder.AscendSFAMetadataBuilder.build = build
 
 
+SELECTION: dict[str, int] = {"max_selected": 0, "max_visible": 0, "calls": 0}
+
+
+def probe_indexer() -> None:
+    """Record how many keys the indexer keeps vs how many are visible (test only)."""
+    from vllm_ascend_ext.attention.sfa import indexer
+
+    original = indexer.topk_stage
+
+    def topk_stage(*a, **k):
+        idx = original(*a, **k)
+        meta = a[7]
+        SELECTION["calls"] += 1
+        SELECTION["max_selected"] = max(SELECTION["max_selected"], int((idx >= 0).sum(-1).max()))
+        SELECTION["max_visible"] = max(SELECTION["max_visible"], int(meta.seq_lens.max()))
+        return idx
+
+    indexer.topk_stage = topk_stage
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quantized", action="store_true")
@@ -64,6 +84,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
+    probe_indexer()
 
     from vllm import LLM, SamplingParams
 
@@ -118,6 +139,7 @@ def main() -> None:
         "routes": [[layer.route.preprocess, layer.route.reason] for layer in layers],
         "fallback_bytes_freed": sum(layer.weights.fallback_bytes_freed for layer in layers),
         "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
+        "selection": SELECTION,
         "chunked_prefill": llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill,
         "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
         "tokens": [list(o.outputs[0].token_ids) for o in outs],

@@ -46,7 +46,9 @@ def test_generates_through_the_sfa_backend_and_matches_independent_dense_math(ds
     assert [rt[0] for rt in r["routes"]] == ["native", "native"]
     assert {"prefill", "decode"} <= {s["kind"] for s in r["steps"]}
     lens = [len(p) for p in r["prompt_token_ids"]]
-    assert min(lens) >= 4 * TOPK                     # the indexer keeps < 1/4 of visible keys
+    assert min(lens) >= 4 * TOPK
+    sel = r["selection"]                              # fewer keys selected than visible
+    assert sel["calls"] > 0 and sel["max_selected"] == TOPK and sel["max_visible"] >= 4 * TOPK
     ref = DenseDSA(tiny_dsa_path())
     worst = 0.0
     for ids, toks, lps in zip(r["prompt_token_ids"], r["tokens"], r["logprobs"]):
