@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from vllm.v1.attention.backend import AttentionBackend, AttentionType, MultipleOf
+from vllm.v1.attention.backend import AttentionBackend, MultipleOf
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
+from vllm_ascend_ext.attention.capabilities import DecoderOnlyCapabilities
 from vllm_ascend_ext.ops.fia_checks import (
     BLOCK_SIZE_ALIGN,
     EMULATION_DTYPES,
@@ -23,7 +24,7 @@ from vllm_ascend_ext.ops.fia_checks import (
 BACKEND_NAME = "ASCEND_EXT_FIA"
 
 
-class AscendFIABackend(AttentionBackend):
+class AscendFIABackend(DecoderOnlyCapabilities, AttentionBackend):
     # The forward writes K/V with the per-step int32 slots from the builder.
     forward_includes_kv_cache_update: bool = True
     supported_dtypes: ClassVar[list[torch.dtype]] = list(EMULATION_DTYPES)
@@ -58,18 +59,6 @@ class AscendFIABackend(AttentionBackend):
         return (KVCacheLayout.LBHNC,)
 
     @classmethod
-    def supports_attn_type(cls, attn_type: str) -> bool:
-        return attn_type == AttentionType.DECODER
-
-    @classmethod
-    def supports_sliding_window(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_sink(cls) -> bool:
-        return False
-
-    @classmethod
     def supports_non_causal(cls) -> bool:
         return False
 
@@ -78,20 +67,3 @@ class AscendFIABackend(AttentionBackend):
         # Under VLLM_BATCH_INVARIANT the gate always splits mixed steps, so a decode's
         # result never depends on a co-scheduled prefill (vllm-ascend PR 14949).
         return True
-
-    @classmethod
-    def supports_mm_prefix(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_pcp(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_dcp(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
-        # FIA's host lists come from the CPU query lengths.
-        return False

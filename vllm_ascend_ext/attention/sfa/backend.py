@@ -12,14 +12,16 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from vllm.v1.attention.backend import AttentionBackend, AttentionType, MultipleOf
+from vllm.v1.attention.backend import AttentionBackend, MultipleOf
+
+from vllm_ascend_ext.attention.capabilities import DecoderOnlyCapabilities
 
 BACKEND_NAME = "ASCEND_EXT_SFA"
 BLOCK_SIZE_ALIGN = 16
 DEFAULT_BLOCK_SIZE = 128
 
 
-class AscendSFABackend(AttentionBackend):
+class AscendSFABackend(DecoderOnlyCapabilities, AttentionBackend):
     forward_includes_kv_cache_update: bool = True
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16, torch.float16, torch.float32]
     supported_kv_cache_dtypes: ClassVar[list] = ["auto", "float16", "bfloat16"]
@@ -51,32 +53,3 @@ class AscendSFABackend(AttentionBackend):
     @classmethod
     def is_sparse(cls) -> bool:
         return True
-
-    @classmethod
-    def supports_attn_type(cls, attn_type: str) -> bool:
-        return attn_type == AttentionType.DECODER
-
-    @classmethod
-    def supports_sink(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_sliding_window(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_mm_prefix(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_pcp(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_dcp(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
-        # The builder takes the step's token count from query_start_loc_cpu.
-        return False
