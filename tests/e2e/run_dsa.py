@@ -46,7 +46,8 @@ def corrupt_block_table() -> None:
     builder.AscendSFAMetadataBuilder.build = build
 
 
-SELECTION: dict[str, int] = {"max_selected": 0, "max_visible": 0, "calls": 0}
+SELECTION: dict[str, int] = {"max_selected": 0, "max_visible": 0, "calls": 0,
+                             "first_step_tokens": 0}
 
 
 def probe_indexer() -> None:
@@ -58,6 +59,8 @@ def probe_indexer() -> None:
     def topk_stage(*a, **k):
         idx = original(*a, **k)
         meta = a[7]
+        if SELECTION["calls"] == 0:
+            SELECTION["first_step_tokens"] = meta.num_actual_tokens
         SELECTION["calls"] += 1
         SELECTION["max_selected"] = max(SELECTION["max_selected"], int((idx >= 0).sum(-1).max()))
         SELECTION["max_visible"] = max(SELECTION["max_visible"], int(meta.seq_lens.max()))
@@ -71,6 +74,7 @@ def main() -> None:
     ap.add_argument("--quantized", action="store_true")
     ap.add_argument("--preprocess", default=None)
     ap.add_argument("--kv-role", default=None)
+    ap.add_argument("--kv-path", default=None, help="ExampleConnector storage (shared by runs)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--num-prompts", type=int, default=4)
@@ -101,7 +105,7 @@ def main() -> None:
 
         kwargs["kv_transfer_config"] = {
             "kv_connector": "ExampleConnector", "kv_role": args.kv_role,
-            "kv_connector_extra_config": {"shared_storage_path": tempfile.mkdtemp()}}
+            "kv_connector_extra_config": {"shared_storage_path": args.kv_path or tempfile.mkdtemp()}}
     if args.max_num_batched_tokens:
         kwargs.update(max_num_batched_tokens=args.max_num_batched_tokens,
                       enable_chunked_prefill=True)

@@ -80,13 +80,36 @@ def test_w8a8_model_takes_the_fused_prolog_and_matches_the_native_chain(dsa):
     assert fused["tokens"] != float_run["tokens"]     # the quantized weights are really used
 
 
-def test_kv_consumer_takes_the_prolog_disposes_fallback_weights_and_agrees(dsa):
+def test_prefill_decode_disaggregation_moves_whole_cache_rows(dsa, tmp_path):
+    """KV producer -> storage -> KV consumer (vLLM's ExampleConnector, layer-wise hooks).
+
+    The consumer loads the producer's latent | rope | indexer-key rows for the prompts'
+    full blocks, takes the fused prolog (unquantized layer on a KV consumer), disposes
+    the fallback weights, and must generate what a plain engine generates. A producer
+    with other weights (the W8A8 model) is the negative control.
+    """
     base = dsa(*CHUNKED)
-    consumer = dsa(*CHUNKED, "--kv-role", "kv_consumer")
+    good, wrong = tmp_path / "float", tmp_path / "w8a8"
+    base_args = ("--min-words", "130", "--max-num-batched-tokens", "64")
+    # Producers prefill whole prompts: vLLM's ExampleConnector stores a request's blocks
+    # once, after its first scheduled step, so a chunked producer would store partial KV.
+    run_script("run_dsa.py", "--kv-role", "kv_producer", "--kv-path", str(good), "--max-tokens",
+               "1", "--min-words", "130", emulate=True)
+    run_script("run_dsa.py", "--kv-role", "kv_producer", "--kv-path", str(wrong), "--max-tokens",
+               "1", "--min-words", "130", "--quantized", emulate=True)
+    consumer = run_script("run_dsa.py", "--kv-role", "kv_consumer", "--kv-path", str(good),
+                          *base_args, emulate=True)
+    control = run_script("run_dsa.py", "--kv-role", "kv_consumer", "--kv-path", str(wrong),
+                         *base_args, emulate=True)
     assert {rt[0] for rt in consumer["routes"]} == {"prolog_v3"}
     assert "KV consumer" in consumer["routes"][0][1]
     assert consumer["fallback_bytes_freed"] > 0 and base["fallback_bytes_freed"] == 0
+    total = sum(len(p) for p in consumer["prompt_token_ids"])
+    loaded = sum(len(p) // 128 * 128 for p in consumer["prompt_token_ids"])
+    assert loaded > 0
+    assert consumer["selection"]["first_step_tokens"] <= total - loaded   # KV came from storage
     assert consumer["tokens"] == base["tokens"] and _max_lp_diff(base, consumer) < 1e-4
+    assert _max_lp_diff(base, control) > 1e-3                              # wrong KV shows
 
 
 def test_per_step_counts_do_not_grow_with_depth_and_the_indexer_gemm_runs_once(dsa):

@@ -22,11 +22,19 @@ OP_NAMESPACE = "ascend_ext"
 _LIB: torch.library.Library | None = None
 
 
-def sfa_forward(hidden_states: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:
+def _sfa_forward_body(hidden_states: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:
     from vllm.model_executor.layers.attention.attention import get_attention_context
 
     meta, layer, kv_cache, _ = get_attention_context(layer_name)
     layer.impl.forward(layer, hidden_states, output, kv_cache, meta)
+
+
+def _with_kv_transfer(fn):
+    # vLLM's layer-wise KV-connector hook (P/D disaggregation): wait for the layer's KV
+    # on entry, save it on exit; a no-op without a KV connector.
+    from vllm.model_executor.layers.attention.kv_transfer_utils import maybe_transfer_kv_layer
+
+    return maybe_transfer_kv_layer(fn)
 
 
 def _sfa_forward_fake(hidden_states: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:
@@ -42,6 +50,11 @@ def ensure_op_registered() -> None:
     from vllm.utils.torch_utils import direct_register_custom_op
 
     from vllm_ascend_ext.ops.counting import register_transparent
+
+    body = _with_kv_transfer(_sfa_forward_body)
+
+    def sfa_forward(hidden_states: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:
+        body(hidden_states, output, layer_name)
 
     _LIB = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
     direct_register_custom_op("sfa_forward", sfa_forward, mutates_args=["output"],
