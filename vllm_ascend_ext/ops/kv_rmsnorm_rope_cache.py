@@ -24,6 +24,7 @@ import torch
 
 from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.norm import rms_fp32
 from vllm_ascend_ext.ops.paged_write import check_paged_cache, check_slots, write_rows
 from vllm_ascend_ext.ops.rope import rope_interleave_half
 
@@ -57,8 +58,7 @@ def kv_rmsnorm_rope_cache_reference(kv, gamma, cos, sin, index, k_cache, ckv_cac
                                     is_output_kv=False):
     dc, _ = _check(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_offset, c_kv_offset,
                    v, cache_mode)
-    c = kv[..., :dc].float()
-    y = c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + epsilon) * gamma.float()
+    y = rms_fp32(kv[..., :dc], gamma, epsilon)
     k = rope_interleave_half(kv[..., dc:], cos, sin)
     if k_rope_scale is not None:
         kq = torch.round(k * k_rope_scale.float()).clamp(-128, 127).to(torch.int8)

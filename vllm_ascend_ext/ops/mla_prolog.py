@@ -38,16 +38,13 @@ import torch
 
 from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.norm import rms_fp32
 from vllm_ascend_ext.ops.paged_write import check_paged_cache, check_slots, write_rows
 from vllm_ascend_ext.ops.quant import dynamic_quant_reference, quant_matmul_reference
 from vllm_ascend_ext.ops.rope import rope_interleave_half
 
 OP = "npu_mla_prolog_v3"
 EMULATED_WEIGHT_QUANT_MODES = (0, 2)
-
-
-def _rms(x, gamma, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gamma.float()
 
 
 def _check(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gamma_cq, gamma_ckv,
@@ -129,7 +126,7 @@ def mla_prolog_v3_reference(token_x, weight_dq, weight_uq_qr, weight_uk, weight_
         sx = dequant_scale_x.reshape(t, 1)
         cq_pre = quant_matmul_reference(x, weight_dq, dequant_scale_w_dq, pertoken_scale=sx,
                                         output_dtype=torch.float32)
-        cq = _rms(cq_pre, rmsnorm_gamma_cq, rmsnorm_epsilon_cq) * qc_qr_scale
+        cq = rms_fp32(cq_pre, rmsnorm_gamma_cq, rmsnorm_epsilon_cq) * qc_qr_scale
         cq_q, s_cq = dynamic_quant_reference(cq, smooth_scales=smooth_scales_cq)
         qcqr = quant_matmul_reference(cq_q, weight_uq_qr, dequant_scale_w_uq_qr,
                                       pertoken_scale=s_cq, output_dtype=torch.float32)
@@ -137,7 +134,7 @@ def mla_prolog_v3_reference(token_x, weight_dq, weight_uq_qr, weight_uk, weight_
                                       pertoken_scale=sx, output_dtype=torch.float32)
         q_norm, q_norm_scale = cq_q, s_cq.reshape(t, 1)
     else:
-        cq = _rms(x.float() @ weight_dq.float(), rmsnorm_gamma_cq, rmsnorm_epsilon_cq)
+        cq = rms_fp32(x.float() @ weight_dq.float(), rmsnorm_gamma_cq, rmsnorm_epsilon_cq)
         cq = (cq * qc_qr_scale).to(mid)
         qcqr = cq.float() @ weight_uq_qr.float()
         kvkr = x.float() @ weight_dkv_kr.float()
@@ -146,7 +143,7 @@ def mla_prolog_v3_reference(token_x, weight_dq, weight_uq_qr, weight_uk, weight_
     q_nope = qcqr[..., :d].to(mid).float()
     query = torch.einsum("tnd,ndc->tnc", q_nope, weight_uk.float())
     query_rope = rope_interleave_half(qcqr[..., d:], cos[:, None], sin[:, None])
-    ckv = _rms(kvkr[:, :hckv], rmsnorm_gamma_ckv, rmsnorm_epsilon_ckv) * kc_scale
+    ckv = rms_fp32(kvkr[:, :hckv], rmsnorm_gamma_ckv, rmsnorm_epsilon_ckv) * kc_scale
     kr = rope_interleave_half(kvkr[:, hckv:], cos, sin)
     write_rows(kv_cache, cache_index, ckv)
     write_rows(kr_cache, cache_index, kr)

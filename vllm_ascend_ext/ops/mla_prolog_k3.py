@@ -27,6 +27,8 @@ import torch
 from vllm_ascend_ext.ops import _ext
 from vllm_ascend_ext.ops._dispatch import pick
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.norm import rms_fp32
+from vllm_ascend_ext.ops.paged_write import write_rows
 
 OP = "npu_mla_prolog_v3_k3"
 NOPE_DIMS = (96, 128)
@@ -65,17 +67,9 @@ def _check(x, w_dq, w_uq, w_uk, w_dkv, g_cq, g_ckv, kv_cache, cache_index, cache
     return tokens, n, d, hckv, hcq
 
 
-def _rms(x, g, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * g.float()
-
-
 def _write(kv_cache, rows, cache_index, cache_mode, x):
     if cache_mode == "PA_BSND":
-        idx = cache_index.reshape(-1)
-        keep = idx >= 0
-        slots = idx[keep]
-        bs = kv_cache.shape[1]
-        kv_cache[slots // bs, slots % bs, 0] = rows[keep].to(kv_cache.dtype)
+        write_rows(kv_cache, cache_index, rows)
     else:
         b, s = x.shape[0], x.shape[1]
         pos = (cache_index.reshape(b, s) if cache_index is not None
@@ -94,10 +88,10 @@ def mla_prolog_v3_k3_reference(token_x, weight_dq, weight_uq_qr, weight_uk, weig
                            rmsnorm_gamma_cq, rmsnorm_gamma_ckv, kv_cache, cache_index, cache_mode)
     mid = weight_uk.dtype
     x = token_x.reshape(t, -1).float()
-    cq = (_rms(x @ weight_dq.float(), rmsnorm_gamma_cq, rmsnorm_epsilon_cq) * qc_qr_scale).to(mid)
+    cq = (rms_fp32(x @ weight_dq.float(), rmsnorm_gamma_cq, rmsnorm_epsilon_cq) * qc_qr_scale).to(mid)
     q = (cq.float() @ weight_uq_qr.float()).view(t, n, d).to(mid).float()
     query = torch.bmm(q.transpose(0, 1), weight_uk.float()).transpose(0, 1)
-    ckv = _rms(x @ weight_dkv_kr.float(), rmsnorm_gamma_ckv, rmsnorm_epsilon_ckv) * kc_scale
+    ckv = rms_fp32(x @ weight_dkv_kr.float(), rmsnorm_gamma_ckv, rmsnorm_epsilon_ckv) * kc_scale
     _write(kv_cache, ckv, cache_index, cache_mode, token_x)
     return query.to(mid).contiguous(), (cq if query_norm_flag else None)
 

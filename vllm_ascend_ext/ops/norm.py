@@ -13,6 +13,15 @@ from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
 
 
+def rms_fp32(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
+    """RmsNorm over the last dim in fp32: ``x * rsqrt(mean(x^2) + eps) * gamma``.
+
+    The one formula every reference uses (the fused and native SFA routes must agree).
+    """
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gamma.float()
+
+
 def _check(x, gamma) -> tuple[int, ...]:
     g = gamma.dim()
     if g == 0 or tuple(x.shape[-g:]) != tuple(gamma.shape):

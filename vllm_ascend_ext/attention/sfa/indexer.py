@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_ascend_ext.ops.lightning_indexer import npu_lightning_indexer
+from vllm_ascend_ext.ops.rope import deinterleave
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ def rope_first(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool
     dr = cos.shape[-1]
     pe, rest = x[..., :dr], x[..., dr:]
     if not neox:  # interleaved pairs: de-interleave first (the shared permutation, §0.7)
-        pe = pe.reshape(*pe.shape[:-1], dr // 2, 2).transpose(-1, -2).reshape(pe.shape)
+        pe = deinterleave(pe)
     h = dr // 2
     rot = torch.cat((-pe[..., h:], pe[..., :h]), -1)
     return torch.cat((pe * cos + rot * sin, rest), -1)
