@@ -84,9 +84,8 @@ class AscendSFAImpl:
         t = meta.num_actual_tokens
         x = hidden_states[:t]
         latent, rope, index_key = self.row.views(kv_cache)
-        route = "prolog" if w.prolog is not None else "native"
+        pre, route = (self._prolog, "prolog") if w.prolog else (self._native, "native")
         with record_function(f"ascend_ext.sfa.preprocess.{route}"):
-            pre = self._prolog if w.prolog is not None else self._native
             ql_nope, q_pe, q_c, q_c_scale = pre(attn, w, x, meta, latent, rope)
         with record_function("ascend_ext.sfa.indexer"):
             ix = attn.indexer
