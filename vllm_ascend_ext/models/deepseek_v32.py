@@ -44,7 +44,8 @@ from vllm.model_executor.models.utils import make_layers, maybe_prefix
 from vllm_ascend_ext.attention.sfa import route as sfa_route
 from vllm_ascend_ext.attention.sfa.layer import SfaLayer
 from vllm_ascend_ext.attention.sfa.layout import SfaRow
-from vllm_ascend_ext.attention.sfa.weights import PROLOG_SOURCES, is_w8a8, prepare
+from vllm_ascend_ext.attention.sfa.weights import PROLOG_SOURCES, prepare
+from vllm_ascend_ext.quantization.w8a8_dynamic import is_w8a8
 
 logger = init_logger("vllm.ascend_ext")
 
@@ -53,7 +54,7 @@ def layer_facts(vllm_config: VllmConfig, attn: nn.Module) -> sfa_route.LayerFact
     """The plain values the route decision needs, read from the config and the layer."""
     from vllm.platforms import current_platform
 
-    kinds = {"w8a8_dynamic" if is_w8a8_method(getattr(attn, n)) else "float"
+    kinds = {"w8a8_dynamic" if is_w8a8(getattr(attn, n)) else "float"
              for n in PROLOG_SOURCES}
     quant = kinds.pop() if len(kinds) == 1 else "mixed"
     ktc = vllm_config.kv_transfer_config
@@ -65,10 +66,6 @@ def layer_facts(vllm_config: VllmConfig, attn: nn.Module) -> sfa_route.LayerFact
         prefill_cp=vllm_config.parallel_config.prefill_context_parallel_size > 1,
         kv_cache_quant="c8" if cache_dtype.startswith(("int8", "fp8")) else "none",
         soc_family=soc, rope_dim=attn.qk_rope_head_dim)
-
-
-def is_w8a8_method(linear) -> bool:
-    return type(linear.quant_method).__name__ == "W8A8DynamicLinearMethod" or is_w8a8(linear)
 
 
 class DsaIndexerWeights(nn.Module):

@@ -61,11 +61,15 @@ class W8A8DynamicLinearMethod(LinearMethodBase):
         layer.weight_scale = torch.nn.Parameter(
             layer.weight_scale.data.reshape(-1).float().contiguous(), requires_grad=False)
         del layer.weight_offset
-        layer.w8a8 = True
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         xq, sx = npu_dynamic_quant(x)
         return apply_prequantized(layer, xq, sx, x.dtype, bias)
+
+
+def is_w8a8(linear) -> bool:
+    """Whether a linear layer is served by this method (int8 [in, out] weight after loading)."""
+    return isinstance(getattr(linear, "quant_method", None), W8A8DynamicLinearMethod)
 
 
 def apply_prequantized(layer, xq: torch.Tensor, sx: torch.Tensor, out_dtype: torch.dtype,

@@ -90,9 +90,7 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
             cam.num_actual_tokens,
         )
         num_tokens = cu_q[-1] if cu_q else 0
-        block_table = cam.block_table_tensor[:num_reqs]
-        if block_table.dtype != torch.int32:
-            block_table = block_table.to(torch.int32)
+        block_table = cam.block_table_tensor[:num_reqs].to(torch.int32)  # no copy if int32
         causal = cam.causal
         if not isinstance(causal, bool):
             raise BatchMetadataError(

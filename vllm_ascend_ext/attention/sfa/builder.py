@@ -84,18 +84,11 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
             raise SfaBatchError("SFA serves causal decoder attention only (causal=False given)")
         kind = step_kind(query_lens)
         mark_step(kind)
-        slots = cam.slot_mapping[:t]
-        if slots.dtype != torch.int64:
-            slots = slots.to(torch.int64)
-        block_table = cam.block_table_tensor[:b]
-        if block_table.dtype != torch.int32:
-            block_table = block_table.to(torch.int32)
-        cu_q = cam.query_start_loc[1 : b + 1]
-        seq_lens = cam.seq_lens[:b]
-        if cu_q.dtype != torch.int32:
-            cu_q = cu_q.to(torch.int32)
-        if seq_lens.dtype != torch.int32:
-            seq_lens = seq_lens.to(torch.int32)
+        # .to() returns the tensor itself when the dtype already matches: no copy.
+        slots = cam.slot_mapping[:t].to(torch.int64)
+        block_table = cam.block_table_tensor[:b].to(torch.int32)
+        cu_q = cam.query_start_loc[1 : b + 1].to(torch.int32)
+        seq_lens = cam.seq_lens[:b].to(torch.int32)
         cos, sin = half_duplicated(self.rope_cos_sin.index_select(0, cam.positions[:t]))
         return AscendSFAMetadata(
             num_actual_tokens=t,

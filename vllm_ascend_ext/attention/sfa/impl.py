@@ -24,7 +24,7 @@ from vllm_ascend_ext.ops.norm import npu_rms_norm
 from vllm_ascend_ext.ops.quant import npu_dynamic_quant
 from vllm_ascend_ext.ops.rope import npu_interleave_rope
 from vllm_ascend_ext.ops.sparse_flash_attention import npu_sparse_flash_attention
-from vllm_ascend_ext.quantization.w8a8_dynamic import apply_prequantized
+from vllm_ascend_ext.quantization.w8a8_dynamic import apply_prequantized, is_w8a8
 
 
 class AscendSFAImpl:
@@ -97,7 +97,7 @@ class AscendSFAImpl:
             def wq_b(qc):
                 if q_c_scale is None:
                     return ix.wq_b(qc)[0]
-                if getattr(ix.wq_b, "w8a8", False):
+                if is_w8a8(ix.wq_b):
                     return apply_prequantized(ix.wq_b, qc, q_c_scale, x.dtype)
                 return ix.wq_b((qc.float() * q_c_scale).to(x.dtype))[0]
 

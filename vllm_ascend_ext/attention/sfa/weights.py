@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_ascend_ext.quantization.w8a8_dynamic import is_w8a8
+
 PROLOG_SOURCES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa")
 
 
@@ -35,10 +37,6 @@ class SfaWeights:
     w_uv: torch.Tensor
     prolog: PrologWeights | None
     fallback_bytes_freed: int = 0
-
-
-def is_w8a8(linear) -> bool:
-    return bool(getattr(linear, "w8a8", False))
 
 
 def dense_weight(linear) -> torch.Tensor:
