@@ -38,11 +38,12 @@ def _coexistence_hint() -> None:
 def platform_plugin() -> str | None:
     """vLLM platform-plugin entry point: a platform qualname, or None."""
     from vllm_ascend_ext import envs
+    from vllm_ascend_ext.errors import AscendExtError
     from vllm_ascend_ext.platform.probe import npu_present
 
     try:
         emulate = envs.emulate_requested()
-    except ValueError as exc:  # vLLM swallows exceptions here: say it loudly first
+    except AscendExtError as exc:  # vLLM swallows exceptions here: say it loudly first
         _logger.error("%s", exc)
         raise
     if emulate:

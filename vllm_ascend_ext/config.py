@@ -15,13 +15,15 @@ import difflib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from vllm_ascend_ext.errors import AscendExtError
+
 SECTION = "ascend_ext"
 
 MIXED_SPLIT_CHOICES = ("auto", "on", "off")
 SFA_PREPROCESS_CHOICES = ("auto", "native", "prolog_v3")
 
 
-class AscendExtConfigError(ValueError):
+class AscendExtConfigError(AscendExtError):
     """A bad ``additional_config["ascend_ext"]`` value; the message names the key."""
 
 

@@ -1,12 +1,15 @@
 """The plugin's environment variables (prefix ``ASCEND_EXT_``, not ``VLLM_``).
 
 vLLM warns about unknown ``VLLM_*`` variables, so the plugin uses its own prefix.
-Each is read when asked for, never cached at import.
+Each is read when asked for, never cached at import. A bad value raises
+:class:`AscendExtError` naming the variable, the value and what is allowed.
 """
 
 from __future__ import annotations
 
 import os
+
+from vllm_ascend_ext.errors import AscendExtError
 
 EMULATE = "ASCEND_EXT_EMULATE"
 SOC = "ASCEND_EXT_SOC"
@@ -22,7 +25,7 @@ def emulate_requested() -> bool:
         return True
     if raw in _FALSE:
         return False
-    raise ValueError(
+    raise AscendExtError(
         f"{EMULATE}={os.environ[EMULATE]!r}: expected one of "
         f"{', '.join(_TRUE + _FALSE[1:])}"
     )
@@ -32,3 +35,16 @@ def emulated_soc_name() -> str | None:
     """The SoC to emulate (``ASCEND_EXT_SOC``), or None for the default."""
     raw = os.environ.get(SOC, "").strip()
     return raw or None
+
+
+def emulated_soc():
+    """The :class:`~vllm_ascend_ext.platform.soc.Soc` to emulate (default: an A2 chip)."""
+    from vllm_ascend_ext.platform import soc as soc_table
+
+    name = emulated_soc_name()
+    if name is None:
+        return soc_table.from_name(soc_table.DEFAULT_EMULATED_SOC)
+    try:
+        return soc_table.from_name(name)
+    except soc_table.UnknownSocError as exc:
+        raise AscendExtError(f"{SOC}={os.environ[SOC]!r}: {exc}") from None

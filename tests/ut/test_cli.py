@@ -1,48 +1,132 @@
-"""``python -m vllm_ascend_ext``: argument handling (the server itself: tests/e2e/test_serve.py)."""
+"""``python -m vllm_ascend_ext``: vLLM's whole CLI plus the plugin's commands.
+
+Engines and servers: tests/e2e/test_cli_e2e.py and tests/e2e/test_readme_commands.py.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from vllm_ascend_ext import cli
-from vllm_ascend_ext.models import tiny_model_path
+from vllm_ascend_ext.cli import entry as cli
+from vllm_ascend_ext.models import tiny_dsa_path, tiny_model_path
+
+# vLLM 0.32's subcommands, as `vllm --help` lists them (written down here, not derived).
+VLLM_032_SUBCOMMANDS = {"chat", "complete", "serve", "launch", "bench", "collect-env",
+                        "download-kernels", "preload", "run-batch", "snapshot"}
+PLUGIN_SUBCOMMANDS = {"tiny-model-path"}
 
 
-@pytest.fixture
-def captured(monkeypatch):
-    seen = {}
-    import vllm.entrypoints.launchers.api_server.entry as entry
+@pytest.fixture(autouse=True)
+def keep_vllm_logging():
+    """vLLM commands reconfigure the 'vllm' loggers; other tests capture their records."""
+    import logging
 
-    monkeypatch.setattr(entry, "main", lambda: seen.setdefault("argv", list(sys.argv)))
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    return seen
-
-
-@pytest.mark.parametrize("argv,expected", [
-    (["serve", "--port", "9"],
-     ["--model", tiny_model_path(), "--served-model-name", "tiny-qwen3", "--port", "9"]),
-    (["serve", "/models/qwen3", "--dtype", "bfloat16"],
-     ["--model", "/models/qwen3", "--dtype", "bfloat16"]),
-    (["serve", "--model", "/m", "--port", "9"], ["--model", "/m", "--port", "9"]),
-    (["serve", "--served-model-name", "x"],
-     ["--model", tiny_model_path(), "--served-model-name", "x"]),
-])
-def test_serve_builds_vllm_server_arguments(captured, argv, expected):
-    assert cli.main(argv) == 0
-    assert captured["argv"][1:] == expected
+    loggers = [logging.getLogger(n) for n in ("vllm", "vllm.ascend_ext")]
+    saved = [(lg.handlers[:], lg.propagate, lg.level, lg.disabled) for lg in loggers]
+    yield
+    for lg, (handlers, propagate, level, disabled) in zip(loggers, saved):
+        lg.handlers[:], lg.propagate, lg.level, lg.disabled = handlers, propagate, level, disabled
 
 
-def test_other_commands(capsys):
+@pytest.fixture(scope="module")
+def parser_and_cmds():
+    return cli.build_parser([])
+
+
+def _vllm_cli_command_modules() -> list[str]:
+    """The CMD_MODULES list of vLLM's own CLI main, read from its source."""
+    source = Path(importlib.util.find_spec("vllm.entrypoints.cli.main").origin).read_text()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "CMD_MODULES":
+            return [ast.unparse(elt) for elt in node.value.elts]
+    raise AssertionError("CMD_MODULES not found in vllm/entrypoints/cli/main.py")
+
+
+def test_same_command_modules_as_vllms_own_cli():
+    assert list(cli.VLLM_COMMAND_MODULES) == _vllm_cli_command_modules()
+
+
+def test_subcommand_set_is_vllms_plus_the_plugins(parser_and_cmds):
+    _, cmds = parser_and_cmds
+    assert set(cmds) == VLLM_032_SUBCOMMANDS | PLUGIN_SUBCOMMANDS
+    assert not PLUGIN_SUBCOMMANDS & VLLM_032_SUBCOMMANDS
+
+
+def test_vllm_subcommands_use_vllms_parsers(parser_and_cmds):
+    parser, cmds = parser_and_cmds
+    args = parser.parse_args(["serve", "/m", "--dtype", "float32", "--max-model-len", "512",
+                              "--additional-config", '{"ascend_ext": {"mixed_split": "on"}}'])
+    assert (args.model_tag, args.dtype, args.max_model_len) == ("/m", "float32", 512)
+    assert args.additional_config == {"ascend_ext": {"mixed_split": "on"}}
+    # The plugin's only change to serve: an orderly default drain window.
+    assert args.shutdown_timeout == 10
+    assert parser.parse_args(["serve", "/m", "--shutdown-timeout", "0"]).shutdown_timeout == 0
+    from vllm.entrypoints.cli.openai import ChatCommand, CompleteCommand
+
+    assert isinstance(cmds["chat"], ChatCommand) and isinstance(cmds["complete"], CompleteCommand)
+
+
+def test_bench_subcommands_come_from_vllm(monkeypatch):
+    argv = ["bench", "serve", "--model", "/m", "--num-prompts", "3"]
+    monkeypatch.setattr(sys, "argv", ["prog", *argv])  # vLLM builds `bench` from sys.argv
+    parser, _ = cli.build_parser(argv)
+    args = parser.parse_args(argv)
+    assert (args.subparser, args.bench_type, args.model, args.num_prompts) == (
+        "bench", "serve", "/m", 3)
+    bench = parser._subparsers._group_actions[0].choices["bench"]
+    assert {"serve", "latency", "throughput"} <= set(bench._subparsers._group_actions[0].choices)
+
+
+def test_a_plugin_command_can_never_shadow_a_vllm_one(monkeypatch):
+    from vllm_ascend_ext.cli import plugin_commands
+
+    class Shadow(plugin_commands.TinyModelPathCommand):
+        name = "serve"
+
+    monkeypatch.setattr(plugin_commands, "plugin_commands", lambda: [Shadow()])
+    with pytest.raises(RuntimeError, match="'serve' would shadow a vLLM subcommand"):
+        cli.build_parser([])
+
+
+def test_tiny_model_path(capsys):
     assert cli.main(["tiny-model-path"]) == 0
     assert capsys.readouterr().out.strip() == tiny_model_path()
-    from vllm_ascend_ext.models import tiny_dsa_path
-
     assert cli.main(["tiny-model-path", "dsa-w8a8"]) == 0
     assert capsys.readouterr().out.strip() == tiny_dsa_path(quantized=True)
-    assert cli.main(["tiny-model-path", "llama"]) == 2
-    assert "qwen3, dsa, dsa-w8a8" in capsys.readouterr().err
-    assert cli.main(["bogus"]) == 2
-    assert "unknown command 'bogus'" in capsys.readouterr().err
-    assert cli.main([]) == 2
+    with pytest.raises(SystemExit) as info:  # argparse: usage error
+        cli.main(["tiny-model-path", "llama"])
+    assert info.value.code == 2
+    assert "invalid choice: 'llama'" in capsys.readouterr().err
+
+
+def test_snapshot_create_and_restore_are_refused_in_one_line(capsys):
+    assert cli.main(["snapshot", "restore", "/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: snapshot restore checkpoints CUDA processes")
+    assert "'snapshot inspect' works" in err and len(err.splitlines()) == 1
+
+
+def test_version_is_vllms_without_distribution_metadata():
+    import vllm
+
+    out = subprocess.run([sys.executable, "-m", "vllm_ascend_ext", "--version"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == vllm.__version__
+
+
+def test_plugin_errors_print_one_line_and_exit_2(monkeypatch, capsys):
+    from vllm_ascend_ext.errors import AscendExtError
+
+    def fail(argv):
+        raise AscendExtError("ascend_ext.mixed_split: invalid value 'yes'")
+
+    monkeypatch.setattr(cli, "run", fail)
+    assert cli.main(["complete"]) == 2
+    assert capsys.readouterr().err == "error: ascend_ext.mixed_split: invalid value 'yes'\n"

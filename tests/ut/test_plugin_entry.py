@@ -9,10 +9,12 @@ import torch
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
 import vllm_ascend_ext
+from vllm_ascend_ext.errors import AscendExtError
 from vllm_ascend_ext.platform import probe
 from vllm_ascend_ext.platform.selection import (
     FIA_BACKEND_PATH,
     UnsupportedAttentionError,
+    preflight,
     select_attention_backend,
 )
 from vllm_ascend_ext.platform.soc import from_name
@@ -62,8 +64,10 @@ def test_emulation_selects_the_emulated_platform(monkeypatch, value):
 
 def test_bad_emulate_value_is_an_error(monkeypatch):
     monkeypatch.setenv("ASCEND_EXT_EMULATE", "maybe")
-    with pytest.raises(ValueError, match="ASCEND_EXT_EMULATE='maybe'"):
+    with pytest.raises(AscendExtError, match="ASCEND_EXT_EMULATE='maybe'") as info:
         vllm_ascend_ext.platform_plugin()
+    # Not a ValueError: vLLM's pydantic configs would wrap it into a long ValidationError.
+    assert not isinstance(info.value, (ValueError, AssertionError))
 
 
 def test_coexistence_names_the_vllm_plugins_setting(monkeypatch, caplog):
@@ -125,10 +129,49 @@ def test_emulated_soc_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend950")
     assert EmulatedAscendPlatform.soc().name == "ascend950"
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend999")
-    with pytest.raises(ValueError, match="unknown Ascend SoC 'ascend999'"):
+    with pytest.raises(AscendExtError, match="^ASCEND_EXT_SOC='ascend999': unknown Ascend SoC"):
+        EmulatedAscendPlatform.soc()
+    monkeypatch.setenv("ASCEND_EXT_SOC", "ascend310p3")  # known chip, unsupported family
+    with pytest.raises(AscendExtError, match="ascend310p3 \\(310P\\) is not supported"):
         EmulatedAscendPlatform.soc()
 
 
 def test_batch_invariance_is_accepted_because_mixed_steps_then_always_split():
     assert select_attention_backend("t", from_name("a2"), _sel(use_batch_invariant=True)) \
         == FIA_BACKEND_PATH
+
+
+def _vllm_config(use_mla=False, index_topk=None, head_size=64, cache_dtype="auto",
+                 block_size=128, user_block=False, pcp=1):
+    from types import SimpleNamespace
+
+    hf = SimpleNamespace(**({"index_topk": index_topk} if index_topk else {}))
+    model = SimpleNamespace(get_head_size=lambda: head_size, dtype=torch.bfloat16,
+                            use_mla=use_mla, hf_config=hf, is_attention_free=False)
+    return SimpleNamespace(
+        model_config=model,
+        cache_config=SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size,
+                                     user_specified_block_size=user_block),
+        kv_transfer_config=None,
+        parallel_config=SimpleNamespace(prefill_context_parallel_size=pcp,
+                                        decode_context_parallel_size=1),
+        attention_config=SimpleNamespace(use_non_causal=False),
+    )
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(use_mla=True, head_size=576), "dense MLA"),
+    (dict(cache_dtype="fp8"), "kv_cache_dtype not supported"),
+    (dict(head_size=80), "head_size not supported"),
+    (dict(block_size=24, user_block=True), "block_size not supported"),
+    (dict(pcp=2), "PCP not supported"),
+])
+def test_preflight_refuses_the_model_before_the_engine_starts(kwargs, needle):
+    with pytest.raises(UnsupportedAttentionError, match=needle):
+        preflight("t", from_name("a2"), _vllm_config(**kwargs))
+
+
+def test_preflight_passes_what_the_backends_serve():
+    preflight("t", from_name("a2"), _vllm_config())
+    preflight("t", from_name("a2"), _vllm_config(use_mla=True, index_topk=2048, head_size=576))
+    preflight("t", from_name("a2"), _vllm_config(block_size=24, user_block=False))  # not the user's

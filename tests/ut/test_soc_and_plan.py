@@ -21,9 +21,11 @@ def test_soc_names_and_aliases(name, expected):
 
 
 def test_unknown_soc_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown Ascend SoC 'ascend999'.*ascend950"):
+    with pytest.raises(soc.UnknownSocError, match="unknown Ascend SoC 'ascend999'.*ascend950"):
         soc.from_name("ascend999")
-    with pytest.raises(ValueError, match="unsupported Ascend SoC version 104"):
+    with pytest.raises(soc.UnknownSocError, match="did you mean 'ascend950'"):
+        soc.from_name("ascend905")
+    with pytest.raises(soc.UnknownSocError, match="unsupported Ascend SoC version 104"):
         soc.from_version(104)
 
 

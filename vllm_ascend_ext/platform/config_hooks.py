@@ -5,6 +5,7 @@ from __future__ import annotations
 from vllm.logger import init_logger
 
 from vllm_ascend_ext.config import AscendExtConfig, get_config
+from vllm_ascend_ext.errors import AscendExtError
 
 logger = init_logger("vllm.ascend_ext")
 
@@ -48,7 +49,7 @@ def sfa_block_size(cache_config) -> None:
     if not cache_config.user_specified_block_size:
         cache_config.block_size = DEFAULT_BLOCK_SIZE
     elif cache_config.block_size % BLOCK_SIZE_ALIGN:
-        raise ValueError(
+        raise AscendExtError(
             f"ascend_ext SFA backend: block_size={cache_config.block_size} is not a multiple "
             f"of {BLOCK_SIZE_ALIGN} (the indexer / sparse-attention kernels' requirement)"
         )

@@ -7,10 +7,12 @@ the attention backend differs: the plugin's, calling the reference operators.
 
 from __future__ import annotations
 
+import psutil
 from vllm.logger import init_logger
 from vllm.platforms.cpu import CpuPlatform
 
 from vllm_ascend_ext import envs
+from vllm_ascend_ext.platform import kv_budget
 from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.allocator import keep_large_blocks_in_heap
 from vllm_ascend_ext.platform.config_hooks import (
@@ -19,17 +21,18 @@ from vllm_ascend_ext.platform.config_hooks import (
     sfa_block_size,
     validate_plugin_config,
 )
-from vllm_ascend_ext.platform.selection import select_attention_backend
+from vllm_ascend_ext.platform.selection import preflight, select_attention_backend
 
 logger = init_logger("vllm.ascend_ext")
 
 PLATFORM_NAME = "ascend_ext-emulated"
+WORKER_CLS = "vllm_ascend_ext.worker.emulated.EmulatedAscendWorker"
 
 
 class EmulatedAscendPlatform(CpuPlatform):
     @classmethod
     def soc(cls) -> soc_table.Soc:
-        return soc_table.from_name(envs.emulated_soc_name() or soc_table.DEFAULT_EMULATED_SOC)
+        return soc_table.require_supported(envs.emulated_soc())
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
@@ -52,6 +55,17 @@ class EmulatedAscendPlatform(CpuPlatform):
         cls.soc()  # a bad ASCEND_EXT_SOC fails here, before the engine starts
         apply_quant_description(vllm_config)
         sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = WORKER_CLS
+        budget = kv_budget.apply(vllm_config, psutil.virtual_memory().available)
+        if budget is not None:
+            logger.info(
+                "ascend_ext: emulated KV cache %.2f GiB (%s); vLLM's CPU default would "
+                "reserve %.0f%% of RAM. Choose with %s=<GiB> or --kv-cache-memory-bytes.",
+                budget.nbytes / kv_budget.GiB, budget.reason,
+                cache.gpu_memory_utilization * 100, kv_budget.ENV_VAR,
+            )
         kept = (sched.enable_chunked_prefill, cache.enable_prefix_caching,
                 sched.max_num_batched_tokens)
         super().check_and_update_config(vllm_config)
@@ -61,3 +75,4 @@ class EmulatedAscendPlatform(CpuPlatform):
             (sched.enable_chunked_prefill, cache.enable_prefix_caching,
              sched.max_num_batched_tokens) = kept
             sfa_block_size(cache)
+        preflight(PLATFORM_NAME, cls.soc(), vllm_config)

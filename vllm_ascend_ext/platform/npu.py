@@ -19,7 +19,7 @@ from vllm_ascend_ext.platform.config_hooks import (
     sfa_block_size,
     validate_plugin_config,
 )
-from vllm_ascend_ext.platform.selection import select_attention_backend
+from vllm_ascend_ext.platform.selection import preflight, select_attention_backend
 
 logger = init_logger("vllm.ascend_ext")
 
@@ -73,12 +73,7 @@ class AscendNPUPlatform(Platform):
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
         validate_plugin_config(vllm_config)
-        soc = cls.soc()
-        if soc.family not in soc_table.SUPPORTED_FAMILIES:
-            raise ValueError(
-                f"ascend_ext: SoC {soc.name} ({soc.family}) is not supported "
-                f"(supported families: {', '.join(soc_table.SUPPORTED_FAMILIES)})"
-            )
+        soc = soc_table.require_supported(cls.soc())
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
             parallel.worker_cls = "vllm.v1.worker.gpu_worker.Worker"
@@ -98,6 +93,7 @@ class AscendNPUPlatform(Platform):
                 "(FIA needs exact host sequence lengths)"
             )
             sched.async_scheduling = False
+        preflight(PLATFORM_NAME, soc, vllm_config)
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from vllm.logger import init_logger
 
+from vllm_ascend_ext.errors import AscendExtError
 from vllm_ascend_ext.platform.soc import Soc
 
 logger = init_logger("vllm.ascend_ext")
@@ -16,11 +17,12 @@ FIA_BACKEND_PATH = "vllm_ascend_ext.attention.fia.backend.AscendFIABackend"
 SFA_BACKEND_PATH = "vllm_ascend_ext.attention.sfa.backend.AscendSFABackend"
 
 
-class UnsupportedAttentionError(ValueError):
+class UnsupportedAttentionError(AscendExtError):
     pass
 
 
-def select_attention_backend(platform_name: str, soc: Soc, selector_config, device_capability=None) -> str:
+def select_attention_backend(platform_name: str, soc: Soc, selector_config,
+                             device_capability=None, log: bool = True) -> str:
     # Imported here: the platform class is loaded while vllm.platforms initializes.
     from vllm_ascend_ext.attention.fia.backend import AscendFIABackend
     from vllm_ascend_ext.attention.sfa.backend import AscendSFABackend
@@ -64,8 +66,44 @@ def select_attention_backend(platform_name: str, soc: Soc, selector_config, devi
             f"dtype={cfg.dtype}, kv_cache_dtype={cfg.kv_cache_dtype}, "
             f"block_size={cfg.block_size}, attn_type={cfg.attn_type})"
         )
-    logger.info_once(
-        "ascend_ext: platform=%s soc=%s (%s) attention_backend=%s",
-        platform_name, soc.name, soc.family, name,
-    )
+    if log:
+        logger.info_once(
+            "ascend_ext: platform=%s soc=%s (%s) attention_backend=%s",
+            platform_name, soc.name, soc.family, name,
+        )
     return path
+
+
+def preflight(platform_name: str, soc: Soc, vllm_config) -> None:
+    """Check the model's attention against the backend before the engine starts.
+
+    Model-wide facts only (MLA/sparse, head size, dtype, KV-cache dtype, block size,
+    non-causal, context parallelism, KV transfer): a refusal then reaches the user as
+    one line from the config step, instead of from deep inside the engine process.
+    Per-layer facts the config does not settle (sinks, sliding windows: some configs
+    carry a window they do not use, encoder layers) are checked when each layer asks.
+    """
+    from vllm import envs
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    from vllm_ascend_ext.platform.config_hooks import is_sparse_mla_model
+
+    mc, cache = vllm_config.model_config, vllm_config.cache_config
+    if mc is None or mc.is_attention_free:
+        return
+    kv_transfer = vllm_config.kv_transfer_config
+    parallel = vllm_config.parallel_config
+    config = AttentionSelectorConfig(
+        head_size=mc.get_head_size(),
+        dtype=mc.dtype,
+        kv_cache_dtype=cache.cache_dtype,
+        block_size=cache.block_size if cache.user_specified_block_size else None,
+        use_mla=mc.use_mla,
+        use_sparse=is_sparse_mla_model(mc),
+        use_non_causal=vllm_config.attention_config.use_non_causal,
+        use_batch_invariant=envs.VLLM_BATCH_INVARIANT,
+        use_kv_connector=kv_transfer is not None and kv_transfer.is_kv_transfer_instance,
+        use_pcp=parallel.prefill_context_parallel_size > 1,
+        use_dcp=parallel.decode_context_parallel_size > 1,
+    )
+    select_attention_backend(platform_name, soc, config, log=False)

@@ -7,7 +7,14 @@ torch_npu's ``c10_npu::SocVersion`` (see ``shared/npu-ops.md`` section 6).
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
+
+from vllm_ascend_ext.errors import AscendExtError
+
+
+class UnknownSocError(AscendExtError):
+    """A SoC name or version this table does not know (or a family the plugin refuses)."""
 
 
 @dataclass(frozen=True)
@@ -63,9 +70,22 @@ def from_name(name: str) -> Soc:
     for soc in _SOCS:
         if soc.name == key:
             return soc
-    raise ValueError(
-        f"unknown Ascend SoC {name!r}; known: {', '.join(names())}"
+    close = difflib.get_close_matches(key, names(), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UnknownSocError(
+        f"unknown Ascend SoC {name!r}; {hint}known: {', '.join(names())}"
     )
+
+
+def require_supported(soc: Soc) -> Soc:
+    """``soc`` if the plugin serves its family, else a clear refusal."""
+    if soc.family not in SUPPORTED_FAMILIES:
+        raise UnknownSocError(
+            f"SoC {soc.name} ({soc.family}) is not supported by this plugin "
+            f"(supported families: {', '.join(SUPPORTED_FAMILIES)}: "
+            f"{', '.join(s.name for s in _SOCS if s.family in SUPPORTED_FAMILIES)})"
+        )
+    return soc
 
 
 def from_version(version: int) -> Soc:
@@ -78,7 +98,7 @@ def from_version(version: int) -> Soc:
         return Soc(f"soc{version}", "A3", version)
     if version >= 260:
         return Soc(f"soc{version}", "A5", version)
-    raise ValueError(
+    raise UnknownSocError(
         f"unsupported Ascend SoC version {version} (this plugin supports "
         f"{', '.join(SUPPORTED_FAMILIES)}: versions 220-225, 250-255, >=260)"
     )

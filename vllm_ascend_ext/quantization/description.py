@@ -16,7 +16,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vllm_ascend_ext.errors import AscendExtError
+
 FILENAME = "quant_model_description.json"
+
 FLOAT = "FLOAT"
 W8A8_DYNAMIC = "W8A8_DYNAMIC"
 SUPPORTED_TYPES = (FLOAT, W8A8_DYNAMIC)
@@ -26,7 +29,7 @@ METADATA_KEYS = ("model_quant_type", "version", "group_size", "kv_quant_type",
 _ROUTED_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.")
 
 
-class QuantDescriptionError(ValueError):
+class QuantDescriptionError(AscendExtError):
     """The description asks for something the plugin cannot serve; names the tensor."""
 
 

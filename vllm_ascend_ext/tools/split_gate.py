@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         soc = soc_table.from_name(args.soc)
         q_local, kv_local = local_heads(args.q_heads, args.kv_heads, args.tp)
-    except ValueError as exc:
+    except (ValueError, soc_table.UnknownSocError) as exc:
         ap.error(str(exc))
     traits = LayerTraits(head_dim=args.head_dim, local_q_heads=q_local, local_kv_heads=kv_local,
                          sliding_window=args.sliding_window)

@@ -24,7 +24,7 @@ from vllm_ascend_ext.attention.fia.gate import LayerTraits, decide
 from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
 from vllm_ascend_ext.attention.fia.plan import BatchMetadataError, host_lists
 from vllm_ascend_ext.attention.fia.split import check_against_vllm, find_boundary, spans
-from vllm_ascend_ext.attention.fia.stats import SplitStats, log_final
+from vllm_ascend_ext.attention.fia.stats import SplitStats
 
 
 def _layer_traits(vllm_config, layer_names, kv_cache_spec) -> LayerTraits:
@@ -69,7 +69,11 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
         self.batch_invariant = bool(batch_invariant)
         self.traits = traits or LayerTraits(kv_cache_spec.head_size, 1, 1)
         self.stats = SplitStats(",".join(layer_names[:1]) + ("..." if len(layer_names) > 1 else ""))
-        weakref.finalize(self, log_final, self.stats)
+        weakref.finalize(self, self.stats.log_final)
+
+    def log_final_summary(self) -> None:
+        """Called by the plugin's worker at shutdown (see worker/orderly_stop.py)."""
+        self.stats.log_final()
 
     def build(
         self,

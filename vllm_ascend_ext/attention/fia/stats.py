@@ -21,6 +21,7 @@ class SplitStats:
         self.split = 0
         self.declined: Counter[str] = Counter()
         self._last_log = time.monotonic()
+        self._final_logged = False
 
     def record(self, split: bool, reason: str) -> None:
         self.mixed += 1
@@ -40,7 +41,8 @@ class SplitStats:
             self._last_log = now
             logger.info(self.summary())
 
-
-def log_final(stats: SplitStats) -> None:
-    if stats.mixed:
-        logger.info(stats.summary())
+    def log_final(self) -> None:
+        """The end-of-run line, logged once (worker shutdown, else garbage collection)."""
+        if not self._final_logged:
+            self._final_logged = True
+            logger.info(self.summary())

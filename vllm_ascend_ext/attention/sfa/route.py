@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_ascend_ext.errors import AscendExtError
+
 QUANT_KINDS = ("float", "w8a8_dynamic", "mxfp8", "mixed")
 KV_ROLES = ("none", "kv_producer", "kv_consumer", "kv_both")
 KV_CACHE_QUANTS = ("none", "c8")
@@ -36,7 +38,7 @@ PROLOG_V3 = "torch_npu.npu_mla_prolog_v3"
 PROLOG_V3_K3 = "_C_ascend_ext.npu_mla_prolog_v3_k3"
 
 
-class SfaRouteError(ValueError):
+class SfaRouteError(AscendExtError):
     """``sfa.preprocess`` asks for something the layer cannot take."""
 
 

