@@ -95,6 +95,6 @@ setup(
     entry_points={
         "vllm.platform_plugins": ["ascend_ext = vllm_ascend_ext:platform_plugin"],
         "vllm.general_plugins": ["ascend_ext = vllm_ascend_ext:register"],
-        "console_scripts": ["vllm-ascend-ext = vllm_ascend_ext.cli:main"],
+        "console_scripts": ["vllm-ascend-ext = vllm_ascend_ext.cli.entry:console_main"],
     },
 )

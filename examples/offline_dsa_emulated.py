@@ -1,6 +1,6 @@
 """DeepSeek-V3.2-style sparse attention (SFA backend), emulated on the CPU.
 
-    ASCEND_EXT_EMULATE=1 VLLM_CPU_KVCACHE_SPACE=1 python examples/offline_dsa_emulated.py [--w8a8]
+    ASCEND_EXT_EMULATE=1 python examples/offline_dsa_emulated.py [--w8a8]
 
 The embedded tiny DSA model; ``--w8a8`` takes its ModelSlim W8A8 variant, whose
 ``quant_model_description.json`` selects the ``ascend_ext`` quantization method and,

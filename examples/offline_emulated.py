@@ -1,6 +1,6 @@
 """Offline generation with the plugin, emulated on the CPU (no NPU needed).
 
-    ASCEND_EXT_EMULATE=1 VLLM_CPU_KVCACHE_SPACE=1 python examples/offline_emulated.py
+    ASCEND_EXT_EMULATE=1 python examples/offline_emulated.py
 """
 
 from vllm import LLM, SamplingParams

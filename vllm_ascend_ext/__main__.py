@@ -1,6 +1,4 @@
-import sys
-
-from vllm_ascend_ext.cli import main
+from vllm_ascend_ext.cli.entry import console_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

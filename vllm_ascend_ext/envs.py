@@ -38,13 +38,14 @@ def emulated_soc_name() -> str | None:
 
 
 def emulated_soc():
-    """The :class:`~vllm_ascend_ext.platform.soc.Soc` to emulate (default: an A2 chip)."""
+    """The :class:`~vllm_ascend_ext.platform.soc.Soc` to emulate (default: an A2 chip);
+    unknown names and families the plugin does not serve are refused."""
     from vllm_ascend_ext.platform import soc as soc_table
 
     name = emulated_soc_name()
     if name is None:
         return soc_table.from_name(soc_table.DEFAULT_EMULATED_SOC)
     try:
-        return soc_table.from_name(name)
+        return soc_table.require_supported(soc_table.from_name(name))
     except soc_table.UnknownSocError as exc:
         raise AscendExtError(f"{SOC}={os.environ[SOC]!r}: {exc}") from None

@@ -1,6 +1,7 @@
 """Feed bad ``ascend_ext`` configs to vLLM's own engine-config path (emulated).
 
-Prints one JSON line: for each config, the exception type and message raised by
+Prints one JSON line: for each config (then an fp8 KV cache, then a bad
+``ASCEND_EXT_SOC``), the exception type and message raised by
 ``EngineArgs(...).create_engine_config()``, which runs the platform's
 ``check_and_update_config`` before any model weight is loaded.
 """
@@ -28,14 +29,20 @@ def main() -> None:
 
     from vllm_ascend_ext.models import tiny_model_path
 
-    results = []
-    for cfg in CONFIGS:
+    def attempt(**kwargs) -> dict:
         try:
             EngineArgs(model=tiny_model_path(), dtype="float32", max_model_len=512,
-                       additional_config=cfg).create_engine_config()
-            results.append({"ok": True})
+                       **kwargs).create_engine_config()
+            return {"ok": True}
         except Exception as exc:  # noqa: BLE001 - we report whatever vLLM surfaced
-            results.append({"ok": False, "type": type(exc).__name__, "message": str(exc)})
+            return {"ok": False, "type": type(exc).__name__, "message": str(exc)}
+
+    results = [attempt(additional_config=cfg) for cfg in CONFIGS]
+    # An attention the backend cannot serve: refused by the preflight, still no engine.
+    results.append(attempt(kv_cache_dtype="fp8"))
+    # The SoC to emulate is read when the config is checked.
+    os.environ["ASCEND_EXT_SOC"] = "ascend999"
+    results.append(attempt())
     print("RESULT " + json.dumps({"platform": type(current_platform).__name__,
                                   "results": results}))
 

@@ -50,12 +50,18 @@ def test_negative_control_corrupted_block_table_changes_the_result(runs):
 def test_bad_plugin_config_fails_before_the_engine_starts():
     res = run_script("check_config_errors.py", emulate=True, timeout=300)
     assert res["platform"] == "EmulatedAscendPlatform"
-    *bad, good = res["results"]
-    expected = ["unknown key 'mixed_splt'; did you mean 'mixed_split'",
+    *bad, good, fp8, soc = res["results"]
+    expected = ["ascend_ext: unknown key 'mixed_splt'; did you mean 'mixed_split'",
                 "ascend_ext.mixed_split: invalid value 'false'",
                 "ascend_ext.mixed_split: expected a str",
                 "ascend_ext.sfa.preprocess: invalid value 'prolog'; did you mean 'prolog_v3'",
                 "ascend_ext.sfa: expected an object"]
-    for r, needle in zip(bad, expected):
-        assert not r["ok"] and needle in r["message"], r
+    # The plugin's own error, first and whole: not wrapped into pydantic's ValidationError.
+    for r, start in zip(bad, expected):
+        assert r["type"] == "AscendExtConfigError" and r["message"].startswith(start), r
+        assert "\n" not in r["message"], r
     assert good == {"ok": True}
+    assert fp8["type"] == "UnsupportedAttentionError", fp8
+    assert "kv_cache_dtype not supported" in fp8["message"]
+    assert soc["type"] == "AscendExtError", soc
+    assert soc["message"].startswith("ASCEND_EXT_SOC='ascend999': unknown Ascend SoC 'ascend999'")

@@ -130,3 +130,14 @@ def test_plugin_errors_print_one_line_and_exit_2(monkeypatch, capsys):
     monkeypatch.setattr(cli, "run", fail)
     assert cli.main(["complete"]) == 2
     assert capsys.readouterr().err == "error: ascend_ext.mixed_split: invalid value 'yes'\n"
+
+
+@pytest.mark.parametrize("argv,code,stream,text", [
+    (["tiny-model-path", "dsa"], 0, "stdout", tiny_dsa_path() + "\n"),
+    (["tiny-model-path", "llama"], 2, "stderr", "invalid choice: 'llama'"),
+])
+def test_the_console_entry_exits_with_the_commands_code(argv, code, stream, text):
+    out = subprocess.run([sys.executable, "-m", "vllm_ascend_ext", *argv], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == code
+    assert text in getattr(out, stream)

@@ -132,7 +132,7 @@ def test_emulated_soc_comes_from_the_environment(monkeypatch):
     with pytest.raises(AscendExtError, match="^ASCEND_EXT_SOC='ascend999': unknown Ascend SoC"):
         EmulatedAscendPlatform.soc()
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend310p3")  # known chip, unsupported family
-    with pytest.raises(AscendExtError, match="ascend310p3 \\(310P\\) is not supported"):
+    with pytest.raises(AscendExtError, match="^ASCEND_EXT_SOC='ascend310p3': SoC ascend310p3 \\(310P\\) is not supported"):
         EmulatedAscendPlatform.soc()
 
 

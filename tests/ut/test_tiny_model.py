@@ -25,3 +25,13 @@ def test_weights_have_a_realistic_scale_not_dummy_scale():
     assert w["model.embed_tokens.weight"].std() > 0.5
     assert w["model.layers.0.self_attn.k_proj.weight"].abs().max() > 0.1  # dummy: <= 1e-3
     assert (w["model.layers.0.self_attn.k_norm.weight"] - 1.6).abs().mean() < 0.3
+
+
+def test_shipped_tokenizer_matches_the_generator_and_has_a_chat_template(tmp_path):
+    from vllm_ascend_ext.models.make_tiny_qwen3 import CHAT_TEMPLATE, make_tokenizer
+
+    make_tokenizer(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).read_bytes() == (TINY_QWEN3 / name).read_bytes(), name
+    assert json.loads((TINY_QWEN3 / "tokenizer_config.json").read_text())["chat_template"] \
+        == CHAT_TEMPLATE

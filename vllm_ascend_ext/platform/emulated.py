@@ -1,8 +1,10 @@
 """The emulated Ascend platform: real vLLM on the CPU, NPU operators by reference.
 
 A true vLLM platform (a ``CpuPlatform`` subclass keeping ``PlatformEnum.CPU``, so
-vLLM's CPU worker, scheduler, KV-cache manager and sampler run unchanged); only
-the attention backend differs: the plugin's, calling the reference operators.
+vLLM's scheduler, KV-cache manager and sampler run unchanged, and its CPU worker with
+only an orderly stop added, ``worker/emulated.py``); the attention backends are the
+plugin's, calling the reference operators. With no KV-cache size given it picks one
+that fits (``platform/kv_budget.py``) instead of vLLM's CPU default of 92% of RAM.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ WORKER_CLS = "vllm_ascend_ext.worker.emulated.EmulatedAscendWorker"
 class EmulatedAscendPlatform(CpuPlatform):
     @classmethod
     def soc(cls) -> soc_table.Soc:
-        return soc_table.require_supported(envs.emulated_soc())
+        return envs.emulated_soc()
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:

@@ -60,6 +60,16 @@ DEFAULT_EMULATED_SOC = "ascend910b2"
 SUPPORTED_FAMILIES = ("A2", "A3", "A5")
 
 
+def known() -> tuple[Soc, ...]:
+    """Every chip of the table (served or not)."""
+    return _SOCS
+
+
+def aliases() -> dict[str, str]:
+    """Short names users type -> canonical chip name."""
+    return dict(_ALIASES)
+
+
 def names() -> list[str]:
     return [s.name for s in _SOCS] + sorted(_ALIASES)
 
