@@ -58,6 +58,19 @@ def test_subcommand_set_is_vllms_plus_the_plugins(parser_and_cmds):
     assert not PLUGIN_SUBCOMMANDS & VLLM_032_SUBCOMMANDS
 
 
+def test_each_subcommand_is_found_in_the_module_that_defines_it():
+    import importlib
+
+    defined = {}
+    for module in cli.VLLM_COMMAND_MODULES:
+        for cmd in importlib.import_module(module).cmd_init():
+            defined[cmd.name] = module
+    assert defined == cli.VLLM_SUBCOMMAND_MODULES
+    # A named subcommand loads its own module only; its parser is the same.
+    _, cmds = cli.build_parser(["complete", "-q", "x"])
+    assert set(cmds) == {"chat", "complete"} | PLUGIN_SUBCOMMANDS
+
+
 def test_vllm_subcommands_use_vllms_parsers(parser_and_cmds):
     parser, cmds = parser_and_cmds
     args = parser.parse_args(["serve", "/m", "--dtype", "float32", "--max-model-len", "512",

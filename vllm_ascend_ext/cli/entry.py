@@ -41,14 +41,35 @@ VLLM_COMMAND_MODULES = (
 )
 
 
+# Which of those modules defines each vLLM 0.32 subcommand (a test checks it against vLLM).
+VLLM_SUBCOMMAND_MODULES = {
+    "chat": VLLM_COMMAND_MODULES[0],
+    "complete": VLLM_COMMAND_MODULES[0],
+    "serve": VLLM_COMMAND_MODULES[1],
+    "launch": VLLM_COMMAND_MODULES[2],
+    "bench": VLLM_COMMAND_MODULES[3],
+    "collect-env": VLLM_COMMAND_MODULES[4],
+    "download-kernels": VLLM_COMMAND_MODULES[5],
+    "preload": VLLM_COMMAND_MODULES[6],
+    "run-batch": VLLM_COMMAND_MODULES[7],
+    "snapshot": VLLM_COMMAND_MODULES[8],
+}
+
+
 def vllm_commands(argv: list[str]) -> list:
-    """vLLM's subcommand objects, each adapted where the plugin must (see vllm_commands)."""
+    """vLLM's subcommand objects, each adapted where the plugin must (see vllm_commands).
+
+    Only the module of the subcommand ``argv`` names is loaded when it names one (each
+    subcommand's parser is built the same either way; assembling all ten takes seconds),
+    every module otherwise (``--help``, a misspelt subcommand).
+    """
     import importlib
 
     from vllm_ascend_ext.cli.vllm_commands import adapt
 
+    named = VLLM_SUBCOMMAND_MODULES.get(argv[0]) if argv else None
     cmds = []
-    for name in VLLM_COMMAND_MODULES:
+    for name in (named,) if named else VLLM_COMMAND_MODULES:
         module = importlib.import_module(name)
         if name.endswith(".snapshot"):
             new = module.cmd_init(create_requested=argv[:2] == ["snapshot", "create"])
