@@ -1,7 +1,7 @@
 """Feed bad ``ascend_ext`` configs to vLLM's own engine-config path (emulated).
 
-Prints one JSON line: for each config (then an fp8 KV cache, then a bad
-``ASCEND_EXT_SOC``), the exception type and message raised by
+Prints one JSON line: for each config (then a bad config through ``LLM(...)``, an fp8
+KV cache, a bad ``ASCEND_EXT_SOC``), the exception type and message raised by
 ``EngineArgs(...).create_engine_config()``, which runs the platform's
 ``check_and_update_config`` before any model weight is loaded.
 """
@@ -38,6 +38,15 @@ def main() -> None:
             return {"ok": False, "type": type(exc).__name__, "message": str(exc)}
 
     results = [attempt(additional_config=cfg) for cfg in CONFIGS]
+    # The same through LLM(...), as a user script calls it.
+    from vllm import LLM
+
+    try:
+        LLM(model=tiny_model_path(), dtype="float32", max_model_len=512,
+            additional_config={"ascend_ext": {"mixed_split": "yes"}})
+        results.append({"ok": True})
+    except Exception as exc:  # noqa: BLE001 - we report whatever vLLM surfaced
+        results.append({"ok": False, "type": type(exc).__name__, "message": str(exc)})
     # An attention the backend cannot serve: refused by the preflight, still no engine.
     results.append(attempt(kv_cache_dtype="fp8"))
     # The SoC to emulate is read when the config is checked.

@@ -50,7 +50,7 @@ def test_negative_control_corrupted_block_table_changes_the_result(runs):
 def test_bad_plugin_config_fails_before_the_engine_starts():
     res = run_script("check_config_errors.py", emulate=True, timeout=300)
     assert res["platform"] == "EmulatedAscendPlatform"
-    *bad, good, fp8, soc = res["results"]
+    *bad, good, llm, fp8, soc = res["results"]
     expected = ["ascend_ext: unknown key 'mixed_splt'; did you mean 'mixed_split'",
                 "ascend_ext.mixed_split: invalid value 'false'",
                 "ascend_ext.mixed_split: expected a str",
@@ -61,6 +61,9 @@ def test_bad_plugin_config_fails_before_the_engine_starts():
         assert r["type"] == "AscendExtConfigError" and r["message"].startswith(start), r
         assert "\n" not in r["message"], r
     assert good == {"ok": True}
+    assert llm["type"] == "AscendExtConfigError", llm
+    assert llm["message"] == ("ascend_ext.mixed_split: invalid value 'yes' "
+                              "(allowed: 'auto', 'on', 'off')")
     assert fp8["type"] == "UnsupportedAttentionError", fp8
     assert "kv_cache_dtype not supported" in fp8["message"]
     assert soc["type"] == "AscendExtError", soc

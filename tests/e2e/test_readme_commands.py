@@ -23,6 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests import readme_blocks as rb
@@ -154,7 +155,9 @@ def _serve_and_stop(step: list[rb.Block], log_path: Path) -> None:
         for t in threads:
             t.join(timeout=60)
     finally:
-        if proc.poll() is None:  # a failed step: the supervisor's death stops the server
+        if proc.poll() is None:  # a failed step: end the server's session too
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         _wait_port_closed(port)
@@ -163,11 +166,13 @@ def _serve_and_stop(step: list[rb.Block], log_path: Path) -> None:
     assert results == [{"finish": "length", "tokens": IN_FLIGHT_TOKENS}] * IN_FLIGHT, results
     assert "Traceback" not in log, log[log.index("Traceback") - 2000:][:6000]
     assert not [ln for ln in log.splitlines() if " ERROR " in ln]
+    assert log.count("ascend_ext: emulated KV cache ") == 1  # sized by the platform, once
     if "attention_backend=ASCEND_EXT_FIA" in log:
-        summary = re.search(r"ascend_ext mixed-split: .* mixed_steps=(\d+) split=(\d+) "
-                            r"declined=(\d+)", log)
-        assert summary, "no mixed-split summary at shutdown"
-        mixed, split, declined = map(int, summary.groups())
+        stop = log.index("[shutdown]")
+        finals = list(re.finditer(r"ascend_ext mixed-split: .* mixed_steps=(\d+) split=(\d+) "
+                                  r"declined=(\d+)", log[stop:]))
+        assert len(finals) == 1, "one mixed-split summary at shutdown"
+        mixed, split, declined = map(int, finals[0].groups())
         mode = re.search(r'"mixed_split": "(\w+)"', server.text)
         assert mixed > 0 and mixed == split + declined
         if mode and mode.group(1) == "on":

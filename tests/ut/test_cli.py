@@ -1,6 +1,7 @@
 """``python -m vllm_ascend_ext``: vLLM's whole CLI plus the plugin's commands.
 
-Engines and servers: tests/e2e/test_cli_e2e.py and tests/e2e/test_readme_commands.py.
+Servers, engines and the commands README shows: tests/e2e/test_readme_commands.py;
+errors through the CLI: tests/e2e/test_cli_errors.py; the supervisor: test_supervise.py.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import ast
 import importlib.util
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,10 +25,12 @@ PLUGIN_SUBCOMMANDS = {"tiny-model-path"}
 
 
 @pytest.fixture(autouse=True)
-def keep_vllm_logging():
-    """vLLM commands reconfigure the 'vllm' loggers; other tests capture their records."""
+def keep_vllm_logging(monkeypatch):
+    """vLLM commands reconfigure the 'vllm' loggers (other tests capture their records),
+    and ``main`` sets ``sys.argv`` for vLLM's command code."""
     import logging
 
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
     loggers = [logging.getLogger(n) for n in ("vllm", "vllm.ascend_ext")]
     saved = [(lg.handlers[:], lg.propagate, lg.level, lg.disabled) for lg in loggers]
     yield
@@ -154,3 +158,44 @@ def test_the_console_entry_exits_with_the_commands_code(argv, code, stream, text
                          text=True, timeout=60)
     assert out.returncode == code
     assert text in getattr(out, stream)
+
+
+def test_run_batch_mirrors_the_steps_of_vllms_command():
+    """RunBatchCommand.cmd repeats vLLM's run-batch steps without the metadata lookup;
+    if vLLM's command gains a step, this fails and the plugin's copy must follow."""
+    import inspect
+
+    from vllm.entrypoints.cli.run_batch import RunBatchSubcommand
+
+    from vllm_ascend_ext.cli.vllm_commands import RunBatchCommand
+
+    def calls(fn) -> set[str]:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        return {ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+
+    assert calls(RunBatchSubcommand.cmd) == {
+        "logger.info", "importlib.metadata.version", "start_http_server", "asyncio.run",
+        "run_batch_main"}
+    assert calls(RunBatchCommand.cmd) == {
+        "logger.info", "start_http_server", "asyncio.run", "run_batch_main"}
+
+
+def test_teardown_output_is_silenced_but_exit_handlers_still_print():
+    code = textwrap.dedent("""
+        import atexit, sys
+        from vllm_ascend_ext.cli.entry import _silence_interpreter_teardown
+        atexit.register(_silence_interpreter_teardown)  # as console_main does, first
+        class Noisy:  # like nanobind's leak report: printed while modules are torn down
+            def __del__(self):
+                sys.__stderr__.write("teardown noise\\n")
+        keep = Noisy()
+        # vLLM's and multiprocessing's handlers are registered later, so they run earlier.
+        atexit.register(lambda: sys.stderr.write("exit handler output\\n"))
+    """)
+    for silenced in (True, False):
+        src = code if silenced else code.replace("atexit.register(_silence", "(_silence")
+        out = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "exit handler output" in out.stderr
+        assert ("teardown noise" in out.stderr) is not silenced

@@ -14,24 +14,40 @@ import torch
 from vllm_ascend_ext.worker.orderly_stop import log_final_summaries
 
 CHILD = textwrap.dedent("""
-    import signal, sys
+    import os, signal, sys, time
     from types import SimpleNamespace
-    from vllm_ascend_ext.worker.orderly_stop import leave_stop_signals_to_engine
-    took = leave_stop_signals_to_engine(SimpleNamespace(distributed_executor_backend=sys.argv[1]))
-    print(took, signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
-          signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
+    from vllm_ascend_ext.worker.orderly_stop import leave_ctrl_c_to_engine
+    took = leave_ctrl_c_to_engine(SimpleNamespace(distributed_executor_backend=sys.argv[1]))
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        survived = "survived"
+    except KeyboardInterrupt:
+        survived = "interrupted"
+    print(took, survived, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
 """)
 
 
 @pytest.mark.parametrize("backend,expected", [
-    ("mp", "True True True"),       # a worker process of its own: its engine core stops it
-    ("uni", "False False False"),   # the engine's own process: Ctrl-C must keep working
-    (None, "False False False"),
+    ("mp", "True survived True"),         # a worker process of its own: its engine stops it
+    ("uni", "False interrupted True"),    # the engine's own process: Ctrl-C keeps working
+    (None, "False interrupted True"),
 ])
-def test_worker_leaves_stop_signals_to_its_engine_only_in_its_own_process(backend, expected):
+def test_worker_leaves_ctrl_c_to_its_engine_only_in_its_own_process(backend, expected):
     out = subprocess.run([sys.executable, "-c", CHILD, str(backend)], capture_output=True,
                          text=True, timeout=60)
     assert out.stdout.strip() == expected, out.stderr
+
+
+def test_the_ctrl_c_handler_is_not_inherited_by_programs_a_worker_runs():
+    code = ("import signal, subprocess, sys; from types import SimpleNamespace; "
+            "from vllm_ascend_ext.worker.orderly_stop import leave_ctrl_c_to_engine; "
+            "leave_ctrl_c_to_engine(SimpleNamespace(distributed_executor_backend='mp')); "
+            "print(subprocess.run(['sh', '-c', 'kill -INT $$; echo alive'], "
+            "capture_output=True, text=True).returncode)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == str(-2), out.stderr  # the child died of SIGINT
 
 
 def _fia_builder():

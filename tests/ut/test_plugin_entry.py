@@ -142,12 +142,15 @@ def test_batch_invariance_is_accepted_because_mixed_steps_then_always_split():
 
 
 def _vllm_config(use_mla=False, index_topk=None, head_size=64, cache_dtype="auto",
-                 block_size=128, user_block=False, pcp=1):
+                 block_size=128, user_block=False, pcp=1, wrapped=False):
     from types import SimpleNamespace
 
-    hf = SimpleNamespace(**({"index_topk": index_topk} if index_topk else {}))
+    text = SimpleNamespace(**({"index_topk": index_topk} if index_topk else {}))
+    # A multimodal-style wrapper nests the text model's config (vLLM: hf_text_config).
+    hf = SimpleNamespace(text_config=text) if wrapped else text
     model = SimpleNamespace(get_head_size=lambda: head_size, dtype=torch.bfloat16,
-                            use_mla=use_mla, hf_config=hf, is_attention_free=False)
+                            use_mla=use_mla, hf_config=hf, hf_text_config=text,
+                            is_attention_free=False)
     return SimpleNamespace(
         model_config=model,
         cache_config=SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size,
@@ -167,11 +170,16 @@ def _vllm_config(use_mla=False, index_topk=None, head_size=64, cache_dtype="auto
     (dict(pcp=2), "PCP not supported"),
 ])
 def test_preflight_refuses_the_model_before_the_engine_starts(kwargs, needle):
-    with pytest.raises(UnsupportedAttentionError, match=needle):
+    with pytest.raises(UnsupportedAttentionError, match=needle) as info:
         preflight("t", from_name("a2"), _vllm_config(**kwargs))
+    served = ("served are standard decoder attention" if kwargs.get("use_mla") else
+              "--block-size multiples of 16; --kv-cache-dtype auto, float16, bfloat16")
+    assert served in str(info.value)  # what would be served instead
 
 
 def test_preflight_passes_what_the_backends_serve():
     preflight("t", from_name("a2"), _vllm_config())
     preflight("t", from_name("a2"), _vllm_config(use_mla=True, index_topk=2048, head_size=576))
     preflight("t", from_name("a2"), _vllm_config(block_size=24, user_block=False))  # not the user's
+    preflight("t", from_name("a2"), _vllm_config(use_mla=True, index_topk=2048, head_size=576,
+                                                 wrapped=True))

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import logging
 import os
 import sys
-import traceback
 from typing import NoReturn
 
 from vllm_ascend_ext.errors import EXIT_CODE, AscendExtError
@@ -140,16 +138,24 @@ def _run_plugin_command(argv: list[str]) -> int | None:
 
 
 def run(argv: list[str]) -> int:
+    from vllm_ascend_ext import envs
+
     code = _run_plugin_command(argv)
     if code is not None:
         return code
+    # The plugin's variables, before vLLM loads the plugin (which can only log an error).
+    if envs.emulate_requested():
+        envs.emulated_soc()
     if argv in (["--version"], ["-v"]):  # without assembling every parser first
         import vllm
 
         print(vllm.__version__)
         return 0
+    from vllm.entrypoints.cli.main import maybe_run_omni
     from vllm.logger import configure_logging_from_args
 
+    if maybe_run_omni():  # `--omni`: vLLM hands the whole command line to vllm-omni
+        return 0
     _prepare(argv)
     parser, cmds = build_parser(argv)
     args = parser.parse_args(argv)
@@ -163,37 +169,30 @@ def run(argv: list[str]) -> int:
     return code if isinstance(code, int) else 0
 
 
-def exit_quietly(code: int) -> NoReturn:
-    """End the process after its exit handlers, skipping the interpreter's module teardown.
+def _silence_interpreter_teardown() -> None:
+    """The last exit handler: flush, then send standard error to /dev/null.
 
     vLLM imports Triton even on its CPU build, and Triton's nanobind bindings print a
-    ~40-line "leaked instances/types/functions" report during that teardown: not the
-    plugin's, not actionable, and it makes every clean exit look like a crash. Exit
-    handlers (atexit, multiprocessing finalizers, engine shutdowns) still run.
+    ~40-line "leaked instances/types/functions" report while the interpreter tears its
+    modules down, after every exit handler: not the plugin's, not actionable, and it makes
+    every clean exit look like a crash. Tracebacks of uncaught exceptions are printed
+    before exit handlers run, and every other exit handler (registered later, so run
+    earlier: multiprocessing, vLLM's engine shutdowns, logging) still writes normally.
     """
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr):
+        try:
             stream.flush()
-        os._exit(code)
+        except (OSError, ValueError):  # a closed pipe (`... | head`) or stream
+            pass
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
 
 
 def console_main(argv: list[str] | None = None, supervised: bool = True) -> NoReturn:
     """``python -m vllm_ascend_ext`` and the ``vllm-ascend-ext`` script."""
-    try:
-        code = main(argv, supervised=supervised)
-    except SystemExit as exc:  # argparse usage errors, --help, sys.exit(...) in commands
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except KeyboardInterrupt:
-        code = 130  # 128 + SIGINT, as a shell reports it
-    except BaseException:  # noqa: BLE001 - report like the interpreter would, then exit
-        traceback.print_exc()
-        code = 1
-    exit_quietly(code)
+    atexit.register(_silence_interpreter_teardown)  # first registered: runs last
+    sys.exit(main(argv, supervised=supervised))
 
 
 def main(argv: list[str] | None = None, supervised: bool = True) -> int:

@@ -20,13 +20,18 @@ from vllm.entrypoints.cli.serve import ServeSubcommand
 from vllm.entrypoints.cli.snapshot import SnapshotSubcommand
 from vllm.logger import init_logger
 
-from vllm_ascend_ext.cli.supervise import DEFAULT_SHUTDOWN_TIMEOUT_S
+from vllm_ascend_ext.cli.supervise import DEFAULT_SHUTDOWN_TIMEOUT_S, report_shutdown_timeout
 from vllm_ascend_ext.errors import AscendExtError
 
 logger = init_logger("vllm.ascend_ext")
 
 
 class ServeCommand(ServeSubcommand):
+    @staticmethod
+    def cmd(args: argparse.Namespace) -> None:
+        report_shutdown_timeout(args.shutdown_timeout)
+        ServeSubcommand.cmd(args)
+
     def subparser_init(self, subparsers):
         parser = super().subparser_init(subparsers)
         parser.set_defaults(shutdown_timeout=DEFAULT_SHUTDOWN_TIMEOUT_S)

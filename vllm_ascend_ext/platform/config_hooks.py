@@ -17,8 +17,11 @@ def validate_plugin_config(vllm_config) -> AscendExtConfig:
 
 def is_sparse_mla_model(model_config) -> bool:
     """DeepSeek-V3.2 / GLM-5 style: MLA with a lightning indexer (``index_topk``)."""
-    return bool(model_config is not None and getattr(model_config, "use_mla", False)
-                and hasattr(model_config.hf_config, "index_topk"))
+    if model_config is None or not getattr(model_config, "use_mla", False):
+        return False
+    # The text config, where vLLM reads use_mla from (a wrapper config nests it).
+    text = getattr(model_config, "hf_text_config", None) or model_config.hf_config
+    return hasattr(text, "index_topk")
 
 
 def apply_quant_description(vllm_config) -> None:

@@ -28,29 +28,36 @@ class KvBudget:
     reason: str
 
 
-def choose(per_token_bytes: int, max_model_len: int, available_bytes: int) -> KvBudget:
-    """Room for FULL_SEQUENCES full-length sequences (at least MIN_BYTES), capped at
-    AVAILABLE_FRACTION of the free memory; rounded down to whole MiB."""
+def choose(per_token_bytes: int, max_model_len: int, available_bytes: int,
+           local_workers: int = 1) -> KvBudget:
+    """Per worker: room for FULL_SEQUENCES full-length sequences (at least MIN_BYTES),
+    capped at AVAILABLE_FRACTION of the free memory shared by the ``local_workers`` that
+    each allocate this much; rounded down to whole MiB."""
     want = max(MIN_BYTES, FULL_SEQUENCES * max_model_len * per_token_bytes)
-    cap = int(available_bytes * AVAILABLE_FRACTION)
+    cap = int(available_bytes * AVAILABLE_FRACTION) // max(1, local_workers)
     nbytes = max(MiB, min(want, cap) // MiB * MiB)
     if want <= cap:
         reason = (f"{FULL_SEQUENCES} sequences of max_model_len {max_model_len} at "
                   f"{per_token_bytes} B/token, at least {MIN_BYTES / GiB:.0f} GiB")
     else:
+        share = f" over {local_workers} workers" if local_workers > 1 else ""
         reason = (f"capped at {AVAILABLE_FRACTION:.0%} of the {available_bytes / GiB:.2f} GiB "
-                  f"available (wanted {want / GiB:.2f} GiB for {FULL_SEQUENCES} sequences of "
-                  f"max_model_len {max_model_len})")
+                  f"available{share} (wanted {want / GiB:.2f} GiB for {FULL_SEQUENCES} "
+                  f"sequences of max_model_len {max_model_len})")
     return KvBudget(nbytes, reason)
 
 
 def per_token_bytes(model_config, parallel_config, cache_dtype: str) -> int:
-    """K and V bytes per token over all layers (MLA: one latent row); an upper bound for
-    hybrid models, whose linear-attention layers hold no per-token cache."""
+    """An estimate of the KV bytes per token over all layers: K and V (MLA: one latent
+    row of vLLM's head size; the SFA row adds the indexer key, 22% more for
+    DeepSeek-V3.2); hybrid models' linear-attention layers are counted as if they held a
+    per-token cache."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+
     layers = model_config.get_num_layers(parallel_config)
     heads = model_config.get_num_kv_heads(parallel_config)
     planes = 1 if model_config.use_mla else 2
-    itemsize = model_config.dtype.itemsize if cache_dtype == "auto" else 1
+    itemsize = kv_cache_dtype_str_to_dtype(cache_dtype, model_config).itemsize
     return layers * heads * model_config.get_head_size() * planes * itemsize
 
 
@@ -70,7 +77,10 @@ def apply(vllm_config, available_bytes: int) -> KvBudget | None:
     model = vllm_config.model_config
     if model is None or user_chose_size(cache):
         return None
-    per_token = per_token_bytes(model, vllm_config.parallel_config, cache.cache_dtype)
-    budget = choose(per_token, model.max_model_len, available_bytes)
+    parallel = vllm_config.parallel_config
+    per_token = per_token_bytes(model, parallel, cache.cache_dtype)
+    local_workers = parallel.tensor_parallel_size * parallel.pipeline_parallel_size * max(
+        1, parallel.data_parallel_size_local or 1)
+    budget = choose(per_token, model.max_model_len, available_bytes, local_workers)
     cache.kv_cache_memory_bytes = budget.nbytes
     return budget

@@ -64,7 +64,8 @@ def select_attention_backend(platform_name: str, soc: Soc, selector_config,
             f"ascend_ext ({platform_name}): backend {name} cannot serve this "
             f"attention layer: {'; '.join(reasons)} (head_size={cfg.head_size}, "
             f"dtype={cfg.dtype}, kv_cache_dtype={cfg.kv_cache_dtype}, "
-            f"block_size={cfg.block_size}, attn_type={cfg.attn_type})"
+            f"block_size={cfg.block_size}, attn_type={cfg.attn_type}); {name} serves "
+            f"{what_it_serves(backend)}"
         )
     if log:
         logger.info_once(
@@ -72,6 +73,22 @@ def select_attention_backend(platform_name: str, soc: Soc, selector_config,
             platform_name, soc.name, soc.family, name,
         )
     return path
+
+
+def what_it_serves(backend) -> str:
+    """The backend's declared limits, in the words of vLLM's options."""
+    from vllm.v1.attention.backend import MultipleOf
+
+    blocks = ", ".join(f"multiples of {b.base}" if isinstance(b, MultipleOf) else str(b)
+                       for b in backend.get_supported_kernel_block_sizes())
+    parts = [f"--block-size {blocks}",
+             f"--kv-cache-dtype {', '.join(backend.supported_kv_cache_dtypes)}",
+             f"--dtype {', '.join(str(d).removeprefix('torch.') for d in backend.supported_dtypes)}"]
+    if backend.get_supported_head_sizes():
+        parts.insert(0, "head sizes " + ", ".join(map(str, backend.get_supported_head_sizes())))
+    parts.append("causal decoder self-attention without sinks or sliding windows, "
+                 "no prefill/decode context parallelism")
+    return "; ".join(parts)
 
 
 def preflight(platform_name: str, soc: Soc, vllm_config) -> None:

@@ -1,18 +1,20 @@
-"""What a plugin worker does so that stopping a server is orderly.
+"""What a plugin worker does so that stopping an engine is orderly.
 
-Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the API
-server, the engine core and every worker process at once (``systemctl stop`` does the
-same with SIGTERM). vLLM's worker process exits on either signal straight away, so the
-step in flight dies under the engine core, which reports a fatal error, and the API
-server answers the requests it was draining with 500s. The engine core already owns an
-orderly stop: on its signal it drains (``--shutdown-timeout``), then closes each
-worker's death pipe, on which the worker leaves its busy loop and shuts down; a worker
-that does not exit in time gets SIGTERM, then SIGKILL. So a worker in its own process
-(the ``mp`` executor) leaves both signals to its engine core.
+Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the process
+that owns the engine, the engine core and every worker process at once. vLLM's worker
+process exits on SIGINT straight away, so the step in flight dies under the engine core,
+which then reports a fatal error. The engine core already owns an orderly stop: on its
+signal it drains (``--shutdown-timeout``), then closes each worker's death pipe, on which
+the worker leaves its busy loop and shuts down; a worker that does not exit in time gets
+SIGTERM, then SIGKILL. So a worker in its own process (the ``mp`` executor) leaves SIGINT
+to its engine core, with a Python-level handler that does nothing (unlike ``SIG_IGN``,
+not inherited by programs it executes). SIGTERM keeps vLLM's meaning: the engine's
+escalation, or a service manager stopping everything (for systemd, ``KillMode=mixed``
+signals only the main process and lets it stop the rest in order).
 
-At shutdown the worker logs the plugin's end-of-run summaries, each exactly once,
-instead of relying on garbage collection (a multiprocessing child never runs
-``atexit``).
+At shutdown the worker logs the plugin's end-of-run summaries, each exactly once, before
+the engine reports the worker gone, instead of leaving them to garbage collection or
+interpreter exit (never reached by a killed process).
 """
 
 from __future__ import annotations
@@ -20,16 +22,19 @@ from __future__ import annotations
 import signal
 
 
-def leave_stop_signals_to_engine(parallel_config) -> bool:
-    """In a worker process of the ``mp`` executor, ignore SIGINT/SIGTERM; True if it did.
+def _left_to_the_engine(signum, frame) -> None:
+    """SIGINT in a worker: the engine core stops this worker (see module docstring)."""
+
+
+def leave_ctrl_c_to_engine(parallel_config) -> bool:
+    """In a worker process of the ``mp`` executor, leave SIGINT to the engine; True if so.
 
     Never in the process that owns the engine (``uni`` executor): there the user's
     Ctrl-C must keep working.
     """
     if getattr(parallel_config, "distributed_executor_backend", None) != "mp":
         return False
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, _left_to_the_engine)
     return True
 
 
