@@ -176,8 +176,9 @@ def _silence_interpreter_teardown() -> None:
     ~40-line "leaked instances/types/functions" report while the interpreter tears its
     modules down, after every exit handler: not the plugin's, not actionable, and it makes
     every clean exit look like a crash. Tracebacks of uncaught exceptions are printed
-    before exit handlers run, and every other exit handler (registered later, so run
-    earlier: multiprocessing, vLLM's engine shutdowns, logging) still writes normally.
+    before exit handlers run, and the exit handlers registered after this one (so run
+    before it: multiprocessing's, vLLM's engine shutdowns) still write normally; only
+    logging's, registered at its import, runs after it, and finds nothing left to flush.
     """
     for stream in (sys.stdout, sys.stderr):
         try:
