@@ -3,9 +3,11 @@
 - ``npu``: the torch_npu operator (imported lazily; only ever on an NPU host);
 - ``meta``: the shape-only implementation (graph capture, and tests proving the
   per-step path never reads device data on the host);
-- anything else (``cpu`` in emulation): the pure-PyTorch reference.
+- anything else (``cpu`` in emulation): the pure-PyTorch reference, or, in contract mode
+  (``ASCEND_EXT_NPU_CONTRACT=1``), the NPU call site itself, with the contract harness
+  standing in for torch_npu (it validates the call and computes it by reference).
 
-No global switch: the backend calls one function and never knows which runs.
+The backend calls one function and never knows which runs.
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ from typing import Any
 
 import torch
 
+from vllm_ascend_ext.contract import mode as contract_mode
+
 
 def torch_npu_module() -> Any:
-    """torch_npu, imported on first use (raises ImportError off an NPU host)."""
+    """torch_npu, imported on first use (raises ImportError off an NPU host); in contract
+    mode the harness's stand-in namespace."""
+    if contract_mode.enabled():
+        return contract_mode.harness().namespace
     return importlib.import_module("torch_npu")
 
 
@@ -33,4 +40,4 @@ def pick(
         return meta
     if device.type == "npu":
         return npu
-    return reference
+    return npu if contract_mode.enabled() else reference

@@ -185,7 +185,7 @@ def fia_reference(
     attn = out.to(query.dtype)
     if softmax_lse_flag:
         return attn, lse
-    return attn, torch.zeros(1, dtype=torch.float32, device=device)
+    return attn, torch.zeros(0, dtype=torch.float32, device=device)  # as torch_npu's meta
 
 
 def fia_meta(
@@ -201,8 +201,8 @@ def fia_meta(
     out = query.new_empty(plan.num_tokens, plan.num_heads, plan.value_head_size)
     if softmax_lse_flag:
         lse = query.new_empty(plan.num_tokens, plan.num_heads, 1, dtype=torch.float32)
-    else:
-        lse = query.new_empty(1, dtype=torch.float32)
+    else:  # torch_npu's meta: an empty LSE when it is not asked for
+        lse = query.new_empty(0, dtype=torch.float32)
     return out, lse
 
 

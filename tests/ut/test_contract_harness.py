@@ -1,0 +1,191 @@
+"""The NPU contract harness: torch-npu 2.13's schemas, official metas and documented rules,
+exercised through the plugin's real torch_npu call sites (contract mode)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from vllm_ascend_ext.attention.kv_layout import split_kv_cache
+from vllm_ascend_ext.contract import docs, harness, metas, mode, op_rules, schemas
+from vllm_ascend_ext.contract.harness import ContractViolation, Harness
+from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
+from vllm_ascend_ext.ops.kv_cache import npu_reshape_and_cache
+from vllm_ascend_ext.ops.norm import npu_rms_norm
+from vllm_ascend_ext.ops.quant import npu_dynamic_quant, npu_quant_matmul
+from vllm_ascend_ext.platform.soc import from_name
+
+NB, NKV, BS, D, NQ = 8, 2, 128, 64, 4
+
+
+@pytest.fixture
+def contract(monkeypatch):
+    """Contract mode on, with a fresh harness pretending the chip asked for."""
+    monkeypatch.setenv(mode.ENV, "1")
+
+    def use(soc: str = "ascend910b2") -> Harness:
+        h = Harness(from_name(soc))
+        monkeypatch.setattr(mode, "_HARNESS", [h])
+        return h
+
+    use()
+    return use
+
+
+def _fia(query=None, key=None, value=None, **over):
+    cache = torch.randn(NB, BS, NKV * D, dtype=torch.bfloat16)
+    kw = dict(atten_mask=causal_mask_2048(), actual_seq_lengths=[1, 5],
+              actual_seq_lengths_kv=[100, 140],
+              block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), num_heads=NQ,
+              num_key_value_heads=NKV, scale=D**-0.5, input_layout="TND", sparse_mode=3,
+              block_size=BS)
+    kw.update(over)
+    query = torch.randn(5, NQ, D, dtype=torch.bfloat16) if query is None else query
+    return npu_fused_infer_attention_score(query, cache if key is None else key,
+                                           cache.clone() if value is None else value, **kw)
+
+
+def test_oracle_defines_every_schema_privately_and_never_enters_torch_npu():
+    assert len(schemas.all_schemas()) == 428  # the pinned yaml's torch_npu operators
+    metas.load()
+    for op in harness.REFERENCES:
+        if op not in op_rules.HAND_WRITTEN_SCHEMAS:
+            assert metas.has_meta(op), op
+    assert "torch_npu" not in sys.modules
+    with pytest.raises(RuntimeError, match="does not exist"):  # nothing in torch.ops.npu
+        torch._C._dispatch_has_kernel_for_dispatch_key("npu::npu_rms_norm", "Meta")
+    assert not metas.has_meta("_npu_reshape_and_cache")  # ATB: no schema, no meta
+
+
+def test_every_rule_quotes_a_line_the_pinned_documentation_has():
+    for rule in op_rules.RULES:
+        cited = rule.cites()  # docs.line raises DocLineMissing for a stale quote
+        assert rule.quote in cited
+    with pytest.raises(docs.DocLineMissing):
+        docs.line("npu_rms_norm", "a sentence the documentation does not have")
+
+
+@pytest.mark.parametrize("op,expected", [
+    ("npu_dynamic_quant", ("A2", "A3")), ("npu_scatter_pa_kv_cache", ("A2", "A3")),
+    ("npu_recurrent_gated_delta_rule", ("A2", "A3")), ("npu_fused_causal_conv1d", ("A5",)),
+    ("npu_quant_matmul", ("310P", "A2", "A3")), ("npu_fused_infer_attention_score", None),
+])
+def test_supported_products_are_read_from_the_documentation(op, expected):
+    assert docs.families(op) == expected
+
+
+def test_official_meta_runs_on_strided_meta_copies_and_rejects_with_its_message():
+    op = metas.op("npu_fused_infer_attention_score")
+    strided = torch.empty_strided((8, 128, 128), (32768, 128, 1), device="meta",
+                                  dtype=torch.bfloat16)
+    out, lse = op(torch.empty(5, 4, 64, device="meta", dtype=torch.bfloat16), strided, strided,
+                  num_heads=4, num_key_value_heads=2, input_layout="TND",
+                  actual_seq_lengths=[5], actual_seq_lengths_kv=[100], block_size=128,
+                  block_table=torch.empty(1, 1, dtype=torch.int32, device="meta"))
+    assert tuple(out.shape) == (5, 4, 64) and tuple(lse.shape) == (0,)
+    with pytest.raises(RuntimeError, match="numHeads should be greater than 0"):
+        op(out, strided, strided, num_heads=0, input_layout="TND")
+
+
+def test_valid_calls_pass_and_equal_contract_mode_off(contract, monkeypatch):
+    h = contract()
+    torch.manual_seed(0)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    gamma = torch.randn(64, dtype=torch.bfloat16)
+    on = npu_rms_norm(x, gamma, 1e-6)[0]
+    xq, sx = npu_dynamic_quant(x)
+    w = torch.randint(-8, 8, (64, 32), dtype=torch.int8)
+    y = npu_quant_matmul(xq, w, torch.rand(32), pertoken_scale=sx.reshape(-1),
+                         output_dtype=torch.bfloat16)
+    monkeypatch.setenv(mode.ENV, "0")
+    assert torch.equal(on, npu_rms_norm(x, gamma, 1e-6)[0])
+    assert y.dtype == torch.bfloat16 and y.shape == (4, 32)
+    assert h.calls == {"npu_rms_norm": 1, "npu_dynamic_quant": 1, "npu_quant_matmul": 1}
+    assert h.summary().startswith(
+        "ascend_ext npu-contract: validated 3 calls (npu_dynamic_quant=1, npu_quant_matmul=1, "
+        "npu_rms_norm=1), violations 0")
+
+
+# Negative controls: each through the plugin's real call site, each naming the operator,
+# the argument and the documentation line (or the official message) it rests on.
+
+def test_misspelt_keyword(contract):
+    with pytest.raises(ContractViolation,
+                       match=r"npu_fused_infer_attention_score: argument num_head: unknown keyword"):
+        _fia(key=torch.randn(NB, BS, NKV * D, dtype=torch.bfloat16), num_head=4)
+
+
+def test_non_contiguous_key_cache(contract):
+    kc, vc = split_kv_cache(torch.randn(NB, NKV, BS, 2 * D, dtype=torch.bfloat16))
+    with pytest.raises(ContractViolation) as info:
+        _fia(key=kc.view(NB, BS, -1), value=vc.view(NB, BS, -1))
+    assert "argument key: non-contiguous tensor" in str(info.value)
+    assert "不支持非连续的Tensor" in str(info.value)
+
+
+def test_int64_block_table(contract):
+    with pytest.raises(ContractViolation, match=r"argument block_table: dtype int64 not in "
+                                                r"int32 \[rule: \"block_table: Tensor类型, 数据类型支持int32"):
+        _fia(block_table=torch.tensor([[0, 1], [2, 3]]))
+
+
+def test_fp32_query(contract):
+    with pytest.raises(ContractViolation, match=r"argument query: dtype float32 not in float16, "
+                                                r"bfloat16, int8 .*数据类型支持float16、bfloat16、int8"):
+        _fia(query=torch.randn(5, NQ, D))
+
+
+def test_block_ids_beyond_the_cache(contract):
+    with pytest.raises(ContractViolation, match=r"argument block_table: request 1 uses block ids "
+                                                r"\[2, 9\] outside \[0, 8\)"):
+        _fia(block_table=torch.tensor([[0, 1], [2, 9]], dtype=torch.int32))
+
+
+def test_out_of_range_slot(contract):
+    key = torch.randn(3, NKV, D, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 16, NKV, D, dtype=torch.bfloat16)
+    with pytest.raises(ContractViolation, match=r"_npu_reshape_and_cache: argument slot_indices: "
+                                                r"index 32 out of range \(must be < 32\).*hand-written"):
+        npu_reshape_and_cache(key=key, value=key, key_cache=cache, value_cache=cache.clone(),
+                              slot_indices=torch.tensor([0, -1, 32], dtype=torch.int32))
+    npu_reshape_and_cache(key=key, value=key, key_cache=cache, value_cache=cache.clone(),
+                          slot_indices=torch.tensor([0, -1, 31], dtype=torch.int32))  # fine
+
+
+def test_operator_documented_for_other_socs_only(contract):
+    contract("ascend950")
+    with pytest.raises(ContractViolation, match=r"npu_dynamic_quant: argument \*: documented for "
+                                                r"A2, A3 only \(支持的型号\); the pretended SoC is "
+                                                r"ascend950 \(A5\)"):
+        npu_dynamic_quant(torch.randn(4, 64, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("soc", ["ascend910b2", "ascend910_9391", "ascend950"])
+def test_the_harness_pretends_each_soc_family(contract, soc):
+    h = contract(soc)
+    out, lse = _fia(key=torch.randn(NB, BS, NKV * D, dtype=torch.bfloat16))
+    assert out.shape == (5, NQ, D) and lse.shape == (0,)
+    npu_rms_norm(torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16))
+    assert h.calls["npu_fused_infer_attention_score"] == 1
+    assert metas.Pretend.soc_version == from_name(soc).version  # what the metas read
+
+
+def test_contract_mode_value_is_validated(monkeypatch):
+    monkeypatch.setenv(mode.ENV, "yes")
+    with pytest.raises(Exception, match="ASCEND_EXT_NPU_CONTRACT='yes': expected 0 or 1"):
+        mode.enabled()
+
+
+def test_the_oracle_is_the_pinned_wheel_or_a_clear_error(monkeypatch, tmp_path):
+    from vllm_ascend_ext.contract import oracle
+
+    monkeypatch.setenv(oracle.WHEEL_ENV, str(tmp_path / "missing.whl"))
+    with pytest.raises(oracle.OracleUnavailable, match="no such file"):
+        oracle._wheel_path()
+    other = tmp_path / oracle.WHEEL
+    other.write_bytes(b"not the wheel")
+    monkeypatch.setenv(oracle.WHEEL_ENV, str(other))
+    with pytest.raises(oracle.OracleUnavailable, match="is not the pinned .*SHA-256"):
+        oracle._wheel_path()

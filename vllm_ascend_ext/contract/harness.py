@@ -1,0 +1,188 @@
+"""A stand-in torch_npu that holds every call to the operators' own contract.
+
+``Harness(soc).namespace`` is what the plugin's NPU call sites get instead of
+torch_npu in contract mode (``ops/_dispatch.py``): the same functions, the same keyword
+arguments the NPU path passes. A call through it
+
+(a) binds the arguments against torch-npu 2.13's schema (unknown keyword, wrong type,
+    missing argument: violation);
+(b) runs the official Meta kernel on meta tensors with the arguments' sizes, strides
+    and dtypes (``torch.empty_strided``: ``.to("meta")`` would make a strided view
+    contiguous and hide exactly what is looked for), pretending the harness's SoC and
+    CANN version; a rejection is a violation carrying the official message;
+(c) checks the documented rules the metas do not (``op_rules.py``), the supported
+    products and contiguous in-place writes;
+(d) computes the values with the plugin's reference and checks that its outputs have
+    the official meta's shapes and dtypes.
+
+Any violation raises ``ContractViolation`` at once, naming the operator, the argument,
+the rule and its source. Calls are counted per operator for the summary line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from vllm_ascend_ext.contract import docs, metas, op_rules, oracle, rules, schemas
+from vllm_ascend_ext.errors import AscendExtError
+from vllm_ascend_ext.platform.soc import Soc
+
+# torch_npu operator -> the plugin's reference of the same signature.
+REFERENCES = {
+    "npu_fused_infer_attention_score": "vllm_ascend_ext.ops.fia:fia_reference",
+    "_npu_reshape_and_cache": "vllm_ascend_ext.ops.kv_cache:reshape_and_cache_reference",
+    "npu_kv_rmsnorm_rope_cache":
+        "vllm_ascend_ext.ops.kv_rmsnorm_rope_cache:kv_rmsnorm_rope_cache_reference",
+    "npu_mla_prolog_v3": "vllm_ascend_ext.ops.mla_prolog:mla_prolog_v3_reference",
+    "npu_lightning_indexer": "vllm_ascend_ext.ops.lightning_indexer:lightning_indexer_reference",
+    "npu_sparse_flash_attention":
+        "vllm_ascend_ext.ops.sparse_flash_attention:sparse_flash_attention_reference",
+    "npu_interleave_rope": "vllm_ascend_ext.ops.rope:interleave_rope_reference",
+    "npu_rms_norm": "vllm_ascend_ext.ops.norm:rms_norm_reference",
+    "npu_dynamic_quant": "vllm_ascend_ext.ops.quant:dynamic_quant_reference",
+    "npu_quant_matmul": "vllm_ascend_ext.ops.quant:quant_matmul_reference",
+}
+
+
+class ContractViolation(AscendExtError):
+    """A call the NPU would reject or compute differently from what the plugin expects."""
+
+
+def _reference(op: str):
+    module, _, name = REFERENCES[op].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _meta_copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(tuple(value.shape), tuple(value.stride()),
+                                   dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_meta_copy(v) for v in value)
+    return value
+
+
+def _flat(outputs: Any) -> list[torch.Tensor]:
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    if isinstance(outputs, (list, tuple)):
+        return [t for o in outputs for t in _flat(o)]
+    return []
+
+
+class _Namespace:
+    """What the call sites see: ``namespace.npu_fused_infer_attention_score(...)``."""
+
+    def __init__(self, harness: Harness) -> None:
+        self._harness = harness
+
+    def __getattr__(self, op: str):
+        if op.startswith("__"):
+            raise AttributeError(op)
+        return lambda *args, **kwargs: self._harness.call(op, args, kwargs)
+
+
+class Harness:
+    def __init__(self, soc: Soc, cann_version: str = metas.DEFAULT_CANN_VERSION) -> None:
+        self.soc = soc
+        self.cann_version = cann_version
+        self.calls: Counter[str] = Counter()
+        self.unspecified: set[str] = set()   # operators whose docs list no products
+        self._lock = threading.Lock()
+        self.namespace = _Namespace(self)
+
+    # (a) ---------------------------------------------------------------------------------
+    def _schema(self, op: str) -> tuple[schemas.Schema, str]:
+        if op in op_rules.HAND_WRITTEN_SCHEMAS:
+            text, source = op_rules.HAND_WRITTEN_SCHEMAS[op]
+            return schemas.parse(text), source
+        return schemas.schema(op), f"torch-npu {oracle.VERSION} yaml schema"
+
+    # (b) ---------------------------------------------------------------------------------
+    def _run_meta(self, schema: schemas.Schema, values: dict[str, Any]):
+        if not metas.has_meta(schema.name):
+            return None
+        positional = [_meta_copy(values[p.name]) for p in schema.params if not p.kwarg_only]
+        keywords = {p.name: _meta_copy(values[p.name]) for p in schema.params if p.kwarg_only}
+        metas.Pretend.soc_version, metas.Pretend.cann_version = self.soc.version, self.cann_version
+        return metas.op(schema.name, schema.overload or "default")(*positional, **keywords)
+
+    def call(self, op: str, args: Sequence[Any], kwargs: dict[str, Any]):
+        if op not in REFERENCES:
+            raise ContractViolation(f"{op}: the plugin has no reference for this operator, "
+                                    "so contract mode cannot compute it")
+        schema, schema_source = self._schema(op)
+        bound = schemas.bind(schema, args, kwargs)
+        self._raise(op, [(arg, f"{problem} [{schema_source}]") for arg, problem in bound.problems])
+        with self._lock:
+            try:
+                official = self._run_meta(schema, bound.values)
+            except Exception as exc:  # noqa: BLE001 - the official meta rejected the call
+                self._raise(op, [("*", f"the official Meta kernel rejects the call: "
+                                       f"{str(exc).strip().splitlines()[0]}")])
+        call = rules.Call(op, bound.values, self.soc.name, self.soc.family,
+                          tuple(p.name for p in schema.params if p.mutable))
+        problems = self._rule_problems(call)
+        self._raise(op, problems)
+        outputs = _reference(op)(*args, **kwargs)
+        self._check_outputs(op, official, outputs)
+        with self._lock:
+            self.calls[op] += 1
+        return outputs
+
+    # (c) ---------------------------------------------------------------------------------
+    def _rule_problems(self, call: rules.Call) -> list[tuple[str, str]]:
+        problems = []
+        product = rules.products_problem(call)
+        if product:
+            problems.append(("*", f"{product} [{docs.SUPPORTED_PRODUCTS} of the torch_npu docs]"))
+        if docs.families(call.op) is None:
+            with self._lock:
+                self.unspecified.add(call.op)
+        for name, problem in rules.mutable_problems(call):
+            problems.append((name, f"{problem}; written in place (Tensor(a!) in the schema), "
+                                   "so it must be contiguous memory"))
+        for rule in op_rules.rules_for(call.op):
+            problem = rule.check(call)
+            if problem:
+                note = f"; {rule.note}" if rule.note else ""
+                problems.append((rule.argument, f"{problem} [rule: {rule.cites()}{note}]"))
+        return problems
+
+    # (d) ---------------------------------------------------------------------------------
+    def _check_outputs(self, op: str, official: Any, outputs: Any) -> None:
+        if official is None:
+            return
+        want, got = _flat(official), _flat(outputs)
+        problems = []
+        if len(want) != len(got):
+            problems.append(("outputs", f"the reference returns {len(got)} tensors, the "
+                                        f"official meta {len(want)}"))
+        for i, (w, g) in enumerate(zip(want, got)):
+            if tuple(w.shape) != tuple(g.shape) or w.dtype != g.dtype:
+                problems.append((f"output {i}", f"the reference gives {tuple(g.shape)} {g.dtype}, "
+                                                f"the official meta {tuple(w.shape)} {w.dtype}"))
+        self._raise(op, problems)
+
+    def _raise(self, op: str, problems: list[tuple[str, str]]) -> None:
+        if problems:
+            lines = [f"{op}: argument {arg}: {problem}" for arg, problem in problems]
+            raise ContractViolation(
+                f"NPU contract violated (pretending {self.soc.name}, {self.soc.family}): "
+                + "\n  ".join(lines))
+
+    def summary(self) -> str:
+        with self._lock:
+            total = sum(self.calls.values())
+            per_op = ", ".join(f"{op}={n}" for op, n in sorted(self.calls.items()))
+            unspecified = sorted(self.unspecified)
+        tail = (f"; products unspecified in the docs: {', '.join(unspecified)}"
+                if unspecified else "")
+        return (f"ascend_ext npu-contract: validated {total} calls ({per_op}), violations 0"
+                f"{tail}")

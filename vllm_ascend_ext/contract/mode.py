@@ -1,0 +1,35 @@
+"""Contract mode: ``ASCEND_EXT_NPU_CONTRACT=1`` on the emulated platform.
+
+Every NPU operator call then takes its real torch_npu call site, the same function and
+keyword arguments the NPU path passes, into the process's one harness (pretending the
+emulated SoC), which validates it and computes it with the reference. The harness is
+created on first use and lives as long as the process (it owns the call counts that
+the summary line reports).
+"""
+
+from __future__ import annotations
+
+import os
+
+from vllm_ascend_ext.errors import AscendExtError
+
+ENV = "ASCEND_EXT_NPU_CONTRACT"
+_HARNESS: list = []  # the process's harness, once created
+
+
+def enabled() -> bool:
+    raw = os.environ.get(ENV, "").strip()
+    if raw in ("", "0"):
+        return False
+    if raw == "1":
+        return True
+    raise AscendExtError(f"{ENV}={raw!r}: expected 0 or 1")
+
+
+def harness():
+    if not _HARNESS:
+        from vllm_ascend_ext import envs
+        from vllm_ascend_ext.contract.harness import Harness
+
+        _HARNESS.append(Harness(envs.emulated_soc()))
+    return _HARNESS[0]

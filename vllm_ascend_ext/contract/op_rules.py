@@ -1,0 +1,260 @@
+"""The documented rules of each operator the plugin calls (see rules.py for the form).
+
+Quotes are substrings of torch-npu 2.13.0's ``_op_plugin_docs.py``; ``tests/ut`` checks
+that each one is found there. Operators without a documentation entry in the wheel
+(``npu_kv_rmsnorm_rope_cache``, ``npu_interleave_rope``, the ATB op
+``_npu_reshape_and_cache``) carry hand-written rules, marked as such.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_ascend_ext.contract.rules import (
+    HAND_WRITTEN,
+    Call,
+    Rule,
+    all_of,
+    contiguous,
+    dims_in,
+    dtype_in,
+    indices_in_range,
+    tensor,
+    when,
+)
+
+F16, BF16, F32, I8, I32, I64 = (torch.float16, torch.bfloat16, torch.float32, torch.int8,
+                                torch.int32, torch.int64)
+
+
+def _paged(call: Call) -> bool:
+    return call.values.get("block_table") is not None
+
+
+def _rows(*names: str):
+    """Cache rows (blocks x block size) of the first of ``names`` that is given."""
+    def upper(call: Call) -> int:
+        for name in names:
+            t = tensor(call, name)
+            if t is not None:
+                return t.shape[0] * t.shape[1]
+        return 0
+    return upper
+
+
+# --- npu_fused_infer_attention_score ----------------------------------------------------
+
+FIA = "npu_fused_infer_attention_score"
+FIA_BLOCK_SIZE_READINGS = (
+    "two readings: 'block_size最小为128, 最大为512, 且要求是128的倍数' (one section) and "
+    "'block_size需要传入非0值，且最大不超过512, key、value输入类型为float16、bfloat16时需要16对齐' "
+    "(the TND/page-attention constraints); checked: the second, which vllm-ascend relies on "
+    "(block size 128 passes both)")
+
+
+def _fia_batch(call: Call) -> int | None:
+    lens = call.values.get("actual_seq_lengths")
+    return len(lens) if isinstance(lens, (list, tuple)) else None
+
+
+def _fia_block_table_shape(call: Call) -> str | None:
+    table, batch = tensor(call, "block_table"), _fia_batch(call)
+    if table is None:
+        return None
+    if table.dim() != 2:
+        return f"{table.dim()}-D block table; it must be 2-D"
+    if batch is not None and table.shape[0] != batch:
+        return f"first dimension {table.shape[0]} != batch {batch}"
+    return None
+
+
+def _fia_block_ids(call: Call) -> str | None:
+    table, key = tensor(call, "block_table"), tensor(call, "key")
+    kv_lens, block_size = call.values.get("actual_seq_lengths_kv"), call.values.get("block_size")
+    if table is None or key is None or table.device.type == "meta" or not kv_lens or not block_size:
+        return None
+    for b, kv_len in enumerate(kv_lens[: table.shape[0]]):
+        used = table[b, : -(-int(kv_len) // int(block_size))]
+        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= key.shape[0]):
+            return (f"request {b} uses block ids {used.tolist()} outside [0, {key.shape[0]}) "
+                    "(the key/value cache's blocks)")
+    return None
+
+
+def _fia_block_size(call: Call) -> str | None:
+    size, key = call.values.get("block_size"), tensor(call, "key")
+    align = 32 if key is not None and key.dtype == I8 else 16
+    if not size or size > 512 or size % align:
+        return f"block_size {size}: must be non-zero, at most 512 and a multiple of {align}"
+    return None
+
+
+def _fia_kv_lengths(call: Call) -> str | None:
+    if not call.values.get("actual_seq_lengths_kv"):
+        return "missing: page attention needs per-request KV lengths"
+    return None
+
+
+FIA_RULES = (
+    Rule(FIA, "query", "query: Tensor类型, attention结构的Query输入, 数据类型支持float16、bfloat16、int8, 不支持非连续的Tensor",
+         all_of(dtype_in("query", F16, BF16, I8), contiguous("query"))),
+    Rule(FIA, "key", "key: Tensor类型, attention结构的Key输入, 不支持非连续的Tensor", contiguous("key")),
+    Rule(FIA, "value", "value: Tensor类型, attention结构的Value输入, 不支持非连续的Tensor",
+         contiguous("value")),
+    Rule(FIA, "key", "同时key、value是按照block_table中的索引在一片连续内存中排布, 支持key、value数据类型为float16、bfloat16、int8",
+         when(_paged, all_of(dtype_in("key", F16, BF16, I8), contiguous("key")))),
+    Rule(FIA, "value", "同时key、value是按照block_table中的索引在一片连续内存中排布, 支持key、value数据类型为float16、bfloat16、int8",
+         when(_paged, all_of(dtype_in("value", F16, BF16, I8), contiguous("value")))),
+    Rule(FIA, "key", "kv cache排布支持(blocknum, blocksize, H)和(blocknum, KV_N, blocksize, D)两种格式",
+         when(_paged, dims_in("key", 3, 4))),
+    Rule(FIA, "block_table", "block_table: Tensor类型, 数据类型支持int32", dtype_in("block_table", I32)),
+    Rule(FIA, "block_table", "page attention场景下, block_table必须为二维, 第一维长度需等于B",
+         _fia_block_table_shape),
+    Rule(FIA, "block_table", "block_table中填充的是blockid, 当前不会对blockid的合法性进行校验, 需用户自行保证",
+         _fia_block_ids),
+    Rule(FIA, "block_size", "block_size需要传入非0值，且最大不超过512, key、value输入类型为float16、bfloat16时需要16对齐",
+         when(_paged, _fia_block_size), note=FIA_BLOCK_SIZE_READINGS),
+    Rule(FIA, "actual_seq_lengths_kv", "page attention场景下, 必须传入actual_seq_lengths_kv.",
+         when(_paged, _fia_kv_lengths)),
+)
+
+# --- _npu_reshape_and_cache (ATB; no schema, meta or documentation in the wheel) --------
+
+RESHAPE_AND_CACHE = "_npu_reshape_and_cache"
+RESHAPE_AND_CACHE_SCHEMA = (
+    "_npu_reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
+    "Tensor(b!) value_cache, Tensor slot_indices) -> ()")
+ATB_SOURCE = (f"{HAND_WRITTEN} from CANN ATB ReshapeAndCacheOperation's documentation "
+              "(key/value [num_tokens, num_head, head_size] float16/bfloat16/int8 ND; "
+              "keyCache/valueCache [num_blocks, block_size, num_head, head_size], written in "
+              "place; slotMapping int32 [num_tokens] = block_id * block_size + offset) and "
+              "op-plugin's ReshapeAndCachAtb.cpp, which registers the schema under atb:: and "
+              "passes every input through ParamSetter::Input (made contiguous by a copy: "
+              "strided key/value cost a copy, strided caches would be written beside themselves)")
+
+
+def _same_dtypes(call: Call) -> str | None:
+    names = ("key", "value", "key_cache", "value_cache")
+    dtypes = {n: tensor(call, n).dtype for n in names if tensor(call, n) is not None}
+    if len(set(dtypes.values())) > 1:
+        return "dtypes differ: " + ", ".join(f"{n} {d}" for n, d in dtypes.items())
+    return None
+
+
+RESHAPE_AND_CACHE_RULES = (
+    Rule(RESHAPE_AND_CACHE, "key", "key, value: [num_tokens, num_head, head_size], float16/bfloat16/int8",
+         all_of(dtype_in("key", F16, BF16, I8), dims_in("key", 3)), source=ATB_SOURCE),
+    Rule(RESHAPE_AND_CACHE, "value", "key, value: [num_tokens, num_head, head_size], float16/bfloat16/int8",
+         all_of(dtype_in("value", F16, BF16, I8), dims_in("value", 3)), source=ATB_SOURCE),
+    Rule(RESHAPE_AND_CACHE, "key_cache", "key、value、keyCache、valueCache、keyCacheOut 、valueCacheOut的数据类型都必须完全一致",
+         _same_dtypes, source=ATB_SOURCE),
+    Rule(RESHAPE_AND_CACHE, "key_cache", "keyCache/valueCache: [num_blocks, block_size, num_head, head_size]",
+         all_of(dims_in("key_cache", 4), dims_in("value_cache", 4)), source=ATB_SOURCE),
+    Rule(RESHAPE_AND_CACHE, "slot_indices", "slotMapping: int32 [num_tokens], block_id * block_size + offset_in_block; negative slots are vLLM's padding, skipped",
+         all_of(dtype_in("slot_indices", I32),
+                indices_in_range("slot_indices", _rows("key_cache"), negative_ok=True)),
+         source=ATB_SOURCE),
+)
+
+# --- SFA side ---------------------------------------------------------------------------
+
+LI = "npu_lightning_indexer"
+SFA = "npu_sparse_flash_attention"
+MLA = "npu_mla_prolog_v3"
+KVRC = "npu_kv_rmsnorm_rope_cache"
+KVRC_SOURCE = (f"{HAND_WRITTEN}: the wheel documents no npu_kv_rmsnorm_rope_cache; "
+               "index semantics as vllm-ascend's DeepSeek-V3.2 path uses them (int64 slots)")
+
+SFA_RULES = (
+    Rule(LI, "query", "query（Tensor）：必选参数，不支持非连续，数据格式支持ND，数据类型支持bfloat16和float16",
+         all_of(dtype_in("query", BF16, F16), contiguous("query"))),
+    Rule(LI, "key", "key（Tensor）：必选参数，不支持非连续，数据格式支持ND，数据类型支持bfloat16和float16",
+         all_of(dtype_in("key", BF16, F16), contiguous("key"))),
+    Rule(LI, "weights", "weights（Tensor）：必选参数，不支持非连续，数据格式支持ND，数据类型支持bfloat16和float16",
+         all_of(dtype_in("weights", BF16, F16), contiguous("weights"))),
+    Rule(LI, "block_table", "block_table（Tensor）：可选参数，表示PageAttention中KV存储使用的block映射表，数据格式支持ND，数据类型支持int32",
+         dtype_in("block_table", I32)),
+    Rule(LI, "actual_seq_lengths_query", "actual_seq_lengths_query（Tensor）：可选参数，表示不同Batch中query的有效token数，数据类型支持int32",
+         dtype_in("actual_seq_lengths_query", I32)),
+    Rule(LI, "actual_seq_lengths_key", "actual_seq_lengths_key（Tensor）：可选参数，表示不同Batch中key的有效token数，数据类型支持int32",
+         dtype_in("actual_seq_lengths_key", I32)),
+    Rule(SFA, "query", "query（Tensor）：必选参数，不支持非连续，数据格式支持ND，数据类型支持bfloat16和float16",
+         all_of(dtype_in("query", BF16, F16), contiguous("query"))),
+    Rule(SFA, "key", "key（Tensor）：必选参数，不支持非连续，数据格式支持ND，数据类型支持bfloat16和float16",
+         all_of(dtype_in("key", BF16, F16), contiguous("key"))),
+    Rule(SFA, "value", "value（Tensor）：必选参数，不支持非连续，数据格式支持ND，数据类型支持bfloat16和float16",
+         all_of(dtype_in("value", BF16, F16), contiguous("value"))),
+    Rule(SFA, "sparse_indices", "sparse_indices（Tensor）：必选参数，代表离散取kvCache的索引，不支持非连续，数据格式支持ND,数据类型支持int32",
+         all_of(dtype_in("sparse_indices", I32), contiguous("sparse_indices"))),
+    Rule(SFA, "block_table", "block_table（Tensor）：可选参数，表示PageAttention中kvCache存储使用的block映射表。数据格式支持ND，数据类型支持int32",
+         dtype_in("block_table", I32)),
+    Rule(SFA, "query_rope", "query_rope（Tensor）：可选参数，表示MLA结构中的query的rope信息，不支持非连续",
+         contiguous("query_rope")),
+    Rule(SFA, "key_rope", "key_rope（Tensor）：可选参数，表示MLA结构中的key的rope信息，不支持非连续",
+         contiguous("key_rope")),
+    Rule(MLA, "token_x", "token_x（Tensor）：必选参数，对应公式中x。shape支持2维和3维，格式为(T, He)和(B, S, He)，dtype支持bfloat16和int8",
+         dtype_in("token_x", BF16, I8)),
+    Rule(MLA, "weight_uk", "weight_uk（Tensor）：必选参数，表示计算Key的上采样权重，即公式中W<sup>UK</sup>。shape支持3维，格式为(N, D, Hckv)，dtype支持bfloat16",
+         dtype_in("weight_uk", BF16)),
+    Rule(MLA, "rope_sin", "rope_sin（Tensor）：必选参数，表示用于计算旋转位置编码的正弦参数矩阵。shape支持2维和3维，格式为(T, Dr)和(B, S, Dr)，dtype支持bfloat16",
+         dtype_in("rope_sin", BF16)),
+    Rule(MLA, "rope_cos", "rope_cos（Tensor）：必选参数，表示用于计算旋转位置编码的余弦参数矩阵。shape支持2维和3维，格式为(T, Dr)和(B, S, Dr)，dtype支持bfloat16",
+         dtype_in("rope_cos", BF16)),
+    Rule(MLA, "kv_cache", "kv_cache（Tensor）：必选参数，表示用于cache索引的aclTensor。shape支持4维，格式为(BlockNum, BlockSize, Nkv, Hckv)",
+         dims_in("kv_cache", 4)),
+    Rule(MLA, "kr_cache", "kr_cache（Tensor）：必选参数，表示用于key位置编码的cache。shape支持4维，格式为(BlockNum, BlockSize, Nkv, Dr)",
+         dims_in("kr_cache", 4)),
+    Rule(MLA, "cache_index", "cache_index（Tensor）：可选参数，表示用于存储kv_cache和kr_cache的索引。shape支持1维和2维，格式为(T)和(B, S)，dtype支持int64",
+         all_of(dtype_in("cache_index", I64),
+                indices_in_range("cache_index", _rows("kv_cache"), negative_ok=True))),
+    Rule(KVRC, "index", "index: int64 cache slots, slot < num_blocks * block_size; negative slots are padding and skipped",
+         all_of(dtype_in("index", I64),
+                indices_in_range("index", _rows("ckv_cache", "k_cache"), negative_ok=True)),
+         source=KVRC_SOURCE),
+)
+
+# --- Norm, quantization ------------------------------------------------------------------
+
+RMS, DQ, QMM = "npu_rms_norm", "npu_dynamic_quant", "npu_quant_matmul"
+
+
+def _same_dtype(name: str, as_name: str):
+    def check(call: Call) -> str | None:
+        a, b = tensor(call, name), tensor(call, as_name)
+        if a is not None and b is not None and a.dtype != b.dtype:
+            return f"dtype {a.dtype} differs from {as_name}'s {b.dtype}"
+        return None
+    return check
+
+
+def _output_dtype(call: Call) -> str | None:
+    value = call.values.get("output_dtype")
+    if value is not None and value not in (I8, F16, BF16, I32):
+        return f"output_dtype {value} not in int8, float16, bfloat16, int32"
+    return None
+
+
+NORM_QUANT_RULES = (
+    Rule(RMS, "self", "输入数据类型仅支持float16、bfloat16和float32", dtype_in("self", F16, BF16, F32)),
+    Rule(RMS, "gamma", "gamma：Tensor类型，数据类型需要和self保持一致", _same_dtype("gamma", "self")),
+    Rule(DQ, "input", "x: Tensor类型, 需要进行量化的源数据张量, 必选输入, 数据类型支持torch.float16、torch.bfloat16",
+         dtype_in("input", F16, BF16)),
+    Rule(DQ, "smooth_scales", "smooth_scales: Tensor类型, 对x进行scales的张量, 可选输入, 数据类型支持torch.float16、torch.bfloat16",
+         dtype_in("smooth_scales", F16, BF16)),
+    Rule(QMM, "x1", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 数据类型支持int8和int32", dtype_in("x1", I8, I32)),
+    Rule(QMM, "x2", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 数据类型与x1的数据类型保持一致", _same_dtype("x2", "x1")),
+    Rule(QMM, "scale", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 数据类型支持float32、int64、bfloat16. shape需要是1维",
+         all_of(dtype_in("scale", F32, I64, BF16), dims_in("scale", 1))),
+    Rule(QMM, "pertoken_scale", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 数据类型支持float32. shape需要是1维(m,)",
+         all_of(dtype_in("pertoken_scale", F32), dims_in("pertoken_scale", 1))),
+    Rule(QMM, "output_dtype", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 支持输入torch.int8、torch.float16、torch.bfloat16、torch.int32",
+         _output_dtype),
+)
+
+RULES: tuple[Rule, ...] = FIA_RULES + RESHAPE_AND_CACHE_RULES + SFA_RULES + NORM_QUANT_RULES
+# Operators whose schema is not in the yaml: the hand-written one, and where it comes from.
+HAND_WRITTEN_SCHEMAS = {RESHAPE_AND_CACHE: (RESHAPE_AND_CACHE_SCHEMA, ATB_SOURCE)}
+
+
+def rules_for(op: str) -> tuple[Rule, ...]:
+    return tuple(r for r in RULES if r.op == op)
