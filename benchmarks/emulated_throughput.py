@@ -85,16 +85,17 @@ def op_compare(num_decodes=31, prefill=256, ctx=2048, reps=20) -> list[tuple[str
     cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
     rows = []
 
-    from vllm_ascend_ext.attention.kv_layout import split_kv_cache
+    from vllm_ascend_ext.attention.kv_layout import plane_block_table, plane_views
 
-    kc, vc = split_kv_cache(kv_cache)
+    kc, vc, factor = plane_views(kv_cache)
+    plane_table = plane_block_table(table, factor)
     mask = causal_mask_2048()
 
     def ours():
         npu_fused_infer_attention_score(
-            q, kc.view(nb, bs, -1), vc.view(nb, bs, -1),
+            q, kc.view(kc.shape[0], bs, -1), vc.view(vc.shape[0], bs, -1),
             atten_mask=mask, actual_seq_lengths=cu[1:].tolist(), actual_seq_lengths_kv=kv_lens,
-            block_table=table, num_heads=nq, num_key_value_heads=nkv, scale=d**-0.5,
+            block_table=plane_table, num_heads=nq, num_key_value_heads=nkv, scale=d**-0.5,
             input_layout="TND", sparse_mode=3, block_size=bs)
 
     rows.append(("reference FIA (plugin emulation)", _time(ours, reps)))

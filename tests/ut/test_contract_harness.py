@@ -8,7 +8,6 @@ import sys
 import pytest
 import torch
 
-from vllm_ascend_ext.attention.kv_layout import split_kv_cache
 from vllm_ascend_ext.contract import docs, harness, metas, mode, op_rules, schemas
 from vllm_ascend_ext.contract.harness import ContractViolation, Harness
 from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
@@ -118,9 +117,11 @@ def test_misspelt_keyword(contract):
 
 
 def test_non_contiguous_key_cache(contract):
-    kc, vc = split_kv_cache(torch.randn(NB, NKV, BS, 2 * D, dtype=torch.bfloat16))
+    """K and V planes interleaved per block, viewed per block (the plugin's former
+    views): strided across blocks."""
+    planes = torch.randn(NB, 2, BS, NKV * D, dtype=torch.bfloat16)
     with pytest.raises(ContractViolation) as info:
-        _fia(key=kc.view(NB, BS, -1), value=vc.view(NB, BS, -1))
+        _fia(key=planes[:, 0], value=planes[:, 1])
     assert "argument key: non-contiguous tensor" in str(info.value)
     assert "不支持非连续的Tensor" in str(info.value)
 

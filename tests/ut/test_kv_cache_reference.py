@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_ascend_ext.attention.kv_layout import split_kv_cache
+from vllm_ascend_ext.attention.kv_layout import plane_slots, plane_views
 from vllm_ascend_ext.ops.kv_cache import ReshapeAndCacheError, npu_reshape_and_cache
 
 
@@ -30,16 +30,36 @@ def test_writes_each_token_at_its_slot_and_skips_padding(bs, dtype):
 
 
 def test_writes_through_the_plugin_cache_views():
-    """Writes land in vLLM's per-layer cache memory, K plane then V plane per block."""
+    """Writes land in vLLM's per-layer cache memory, K plane then V plane per block,
+    through contiguous views addressed by plane slots."""
     nb, nkv, bs, d = 3, 2, 16, 64
     kv_cache = torch.zeros(nb, nkv, bs, 2 * d)  # vLLM's logical per-layer shape
-    kc, vc = split_kv_cache(kv_cache)
+    kc, vc, factor = plane_views(kv_cache)
+    assert factor == 2 and kc.is_contiguous() and vc.is_contiguous()
+    assert kc.shape == vc.shape == (2 * nb - 1, bs, nkv, d)
     key, value = torch.ones(1, nkv, d), 2 * torch.ones(1, nkv, d)
+    slots = plane_slots(torch.tensor([bs + 5]), bs, factor)
+    assert slots.tolist() == [2 * bs + 5] and slots.dtype == torch.int32
     npu_reshape_and_cache(key=key, value=value, key_cache=kc, value_cache=vc,
-                          slot_indices=torch.tensor([bs + 5], dtype=torch.int32))
+                          slot_indices=slots)
     block = kv_cache[1].reshape(2, bs, nkv, d)
     assert torch.all(block[0, 5] == 1) and torch.all(block[1, 5] == 2)
     assert kv_cache.sum() == (1 + 2) * nkv * d  # nothing else touched
+
+
+def test_plane_views_of_a_padded_page():
+    """Hybrid models pad attention pages: the block stride is then F > 2 planes."""
+    nb, nkv, bs, d, pad_planes = 4, 2, 16, 8, 1
+    plane = bs * nkv * d
+    raw = torch.arange(nb * (2 + pad_planes) * plane, dtype=torch.float32)
+    kv_cache = raw.as_strided((nb, nkv, bs, 2 * d), ((2 + pad_planes) * plane, bs * 2 * d,
+                                                    2 * d, 1))
+    kc, vc, factor = plane_views(kv_cache)
+    assert factor == 3 and kc.is_contiguous() and vc.is_contiguous()
+    for b in range(nb):  # plane id F*b addresses block b's K and V planes
+        block = kv_cache[b].reshape(2, bs, nkv, d)
+        assert torch.equal(kc[factor * b], block[0]) and torch.equal(vc[factor * b], block[1])
+    assert plane_slots(torch.tensor([-1, 0, bs + 3]), bs, factor).tolist() == [-1, 0, 3 * bs + 3]
 
 
 @pytest.mark.parametrize("change,needle", [

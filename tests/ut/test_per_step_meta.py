@@ -8,11 +8,10 @@ same path computes real attention.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from tests.ut.dense import dense_attention
 from vllm_ascend_ext.attention.fia.builder import AscendFIAMetadataBuilder
@@ -43,7 +42,7 @@ def _common(device, pad_tokens=0):
 
 
 def _builder(device, mode="off"):
-    spec = SimpleNamespace(block_size=BS, head_size=D, num_kv_heads=NKV)
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=NKV, head_size=D, dtype=torch.float32)
     return AscendFIAMetadataBuilder(spec, ["layer.0"], None, torch.device(device), mode=mode)
 
 

@@ -1,8 +1,9 @@
 """Metadata builder of the FIA backend: all per-step work, once per step.
 
 Host lists come from host copies only (``query_start_loc_cpu``,
-``seq_lens_cpu_upper_bound``), never from a device read; the slot mapping is cast
-to the int32 the cache writer takes here, once, and shared by every layer. Mixed
+``seq_lens_cpu_upper_bound``), never from a device read; block ids and the slot
+mapping become the int32 *plane* ids and slots that the contiguous K and V views take
+(``attention/kv_layout.py``) here, once, shared by every layer. Mixed
 steps (decodes beside a prefill chunk) get their boundary, the gate's decision and
 both spans' host lists here; the forward only slices.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import weakref
 from typing import ClassVar
 
-import torch
 from vllm.v1.attention.backend import (
     AttentionCGSupport,
     AttentionMetadataBuilder,
@@ -25,6 +25,7 @@ from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
 from vllm_ascend_ext.attention.fia.plan import BatchMetadataError, host_lists
 from vllm_ascend_ext.attention.fia.split import check_against_vllm, find_boundary, spans
 from vllm_ascend_ext.attention.fia.stats import SplitStats
+from vllm_ascend_ext.attention.kv_layout import plane_block_table, plane_slots, spec_plane_factor
 
 
 def _layer_traits(vllm_config, layer_names, kv_cache_spec) -> LayerTraits:
@@ -50,6 +51,7 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
                  mode=None, soc_family=None, batch_invariant=None):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
+        self.plane_factor = spec_plane_factor(kv_cache_spec)
         if vllm_config is not None:
             from vllm import envs
             from vllm.platforms import current_platform
@@ -94,7 +96,7 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
             cam.num_actual_tokens,
         )
         num_tokens = cu_q[-1] if cu_q else 0
-        block_table = cam.block_table_tensor[:num_reqs].to(torch.int32)  # no copy if int32
+        block_table = plane_block_table(cam.block_table_tensor[:num_reqs], self.plane_factor)
         causal = cam.causal
         if not isinstance(causal, bool):
             raise BatchMetadataError(
@@ -121,7 +123,9 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
             max_seq_len=cam.max_seq_len,
             causal=causal,
             block_table=block_table,
-            slot_indices=cam.slot_mapping[:num_tokens].to(torch.int32),
+            slot_indices=plane_slots(cam.slot_mapping[:num_tokens], self.block_size,
+                                     self.plane_factor),
+            plane_factor=self.plane_factor,
             actual_seq_lengths_q=cu_q,
             actual_seq_lengths_kv=kv_lens,
             split=split,

@@ -7,7 +7,7 @@ from torch.profiler import record_function
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 
 from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
-from vllm_ascend_ext.attention.kv_layout import split_kv_cache
+from vllm_ascend_ext.attention.kv_layout import plane_views
 from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
 from vllm_ascend_ext.ops.kv_cache import npu_reshape_and_cache
 
@@ -77,7 +77,7 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
             return output
         md = attn_metadata
         n = md.num_actual_tokens
-        key_cache, value_cache = split_kv_cache(kv_cache)
+        key_cache, value_cache, _ = plane_views(kv_cache, md.plane_factor)
         if self.kv_sharing_target_layer_name is None:
             npu_reshape_and_cache(
                 key=key[:n].view(n, self.num_kv_heads, self.head_size),

@@ -16,11 +16,13 @@ class AscendFIAMetadata:
     max_query_len: int
     max_seq_len: int
     causal: bool
-    # Device tensors, sliced to the real requests / tokens.
+    # Device tensors, sliced to the real requests / tokens, in plane ids
+    # (attention/kv_layout.py: block b's K and V planes are plane_factor * b).
     block_table: torch.Tensor  # int32 [num_reqs, max_blocks]
-    slot_indices: torch.Tensor  # int32 [num_actual_tokens], cast once per step
+    slot_indices: torch.Tensor  # int32 [num_actual_tokens], computed once per step
     # Host lists for FIA (SymInt[]): cumulative query ends, per-request kv lengths.
     actual_seq_lengths_q: tuple[int, ...]
     actual_seq_lengths_kv: tuple[int, ...]
     # Mixed steps the gate split: one FIA call per span (decode first); else None.
     split: tuple[Span, Span] | None = None
+    plane_factor: int = 2  # K/V planes per cache block
