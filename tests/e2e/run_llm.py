@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--mixed-split", default=None, help="ascend_ext.mixed_split value")
     ap.add_argument("--ngram", action="store_true", help="ngram speculation, 3 draft tokens")
     ap.add_argument("--many", action="store_true", help="32 prompts of varied length")
+    ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
@@ -75,7 +76,7 @@ def main() -> None:
     if args.max_num_batched_tokens:
         kwargs.update(max_num_batched_tokens=args.max_num_batched_tokens,
                       enable_chunked_prefill=True)
-    llm = LLM(model=tiny_model_path(), dtype="float32", seed=0, max_model_len=1024,
+    llm = LLM(model=tiny_model_path(), dtype=args.dtype, seed=0, max_model_len=1024,
               enforce_eager=args.enforce_eager, **kwargs)
     ctx = llm.llm_engine.vllm_config.compilation_config.static_forward_context
     backends = sorted({type(layer.attn_backend).__name__ if not isinstance(layer.attn_backend, type)
@@ -106,6 +107,12 @@ def main() -> None:
         "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
                      for o in outs],
     }
+    from vllm_ascend_ext.contract import mode
+
+    if mode.enabled():  # this process ran every NPU call (uni executor)
+        h = mode.harness()
+        result["contract"] = {"calls": dict(h.calls), "violations": h.violations,
+                              "summary": h.summary()}
     print("RESULT " + json.dumps(result))
 
 

@@ -190,3 +190,22 @@ def test_the_oracle_is_the_pinned_wheel_or_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv(oracle.WHEEL_ENV, str(other))
     with pytest.raises(oracle.OracleUnavailable, match="is not the pinned .*SHA-256"):
         oracle._wheel_path()
+
+
+def test_a_call_the_official_meta_rejects_carries_its_message(contract):
+    h = contract()
+    with pytest.raises(ContractViolation, match=r"the official Meta kernel rejects the call: "
+                                                r"numHeads should be greater than 0"):
+        _fia(key=torch.randn(NB, BS, NKV * D, dtype=torch.bfloat16), num_heads=0)
+    assert h.violations == 1 and "violations 1" in h.summary()
+
+
+def test_the_op_counter_keeps_counting_in_contract_mode(contract):
+    from vllm_ascend_ext.ops.counting import OpCounter
+
+    x, g = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
+    with OpCounter() as c:
+        npu_rms_norm(x, g)
+        npu_dynamic_quant(x)
+    # One call each, the harness's meta run and reference hidden, as on the NPU.
+    assert c.total() == {"npu_rms_norm": 1, "npu_dynamic_quant": 1}

@@ -139,6 +139,7 @@ def _run_plugin_command(argv: list[str]) -> int | None:
 
 def run(argv: list[str]) -> int:
     from vllm_ascend_ext import envs
+    from vllm_ascend_ext.contract import mode as contract_mode
 
     code = _run_plugin_command(argv)
     if code is not None:
@@ -146,6 +147,7 @@ def run(argv: list[str]) -> int:
     # The plugin's variables, before vLLM loads the plugin (which can only log an error).
     if envs.emulate_requested():
         envs.emulated_soc()
+        contract_mode.enabled()
     if argv in (["--version"], ["-v"]):  # without assembling every parser first
         import vllm
 

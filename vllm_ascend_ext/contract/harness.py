@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import importlib
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from vllm.logger import init_logger
 
 from vllm_ascend_ext.contract import docs, metas, op_rules, oracle, rules, schemas
 from vllm_ascend_ext.errors import AscendExtError
@@ -48,6 +50,10 @@ REFERENCES = {
     "npu_dynamic_quant": "vllm_ascend_ext.ops.quant:dynamic_quant_reference",
     "npu_quant_matmul": "vllm_ascend_ext.ops.quant:quant_matmul_reference",
 }
+
+
+logger = init_logger("vllm.ascend_ext")
+LOG_INTERVAL_S = 30.0  # the summary line, while calls are being validated
 
 
 class ContractViolation(AscendExtError):
@@ -93,8 +99,10 @@ class Harness:
         self.soc = soc
         self.cann_version = cann_version
         self.calls: Counter[str] = Counter()
+        self.violations = 0
         self.unspecified: set[str] = set()   # operators whose docs list no products
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _raise may run inside a locked section
+        self._last_log = time.monotonic()
         self.namespace = _Namespace(self)
 
     # (a) ---------------------------------------------------------------------------------
@@ -134,6 +142,11 @@ class Harness:
         self._check_outputs(op, official, outputs)
         with self._lock:
             self.calls[op] += 1
+            due = time.monotonic() - self._last_log >= LOG_INTERVAL_S
+            if due:
+                self._last_log = time.monotonic()
+        if due:
+            logger.info(self.summary())
         return outputs
 
     # (c) ---------------------------------------------------------------------------------
@@ -172,6 +185,8 @@ class Harness:
 
     def _raise(self, op: str, problems: list[tuple[str, str]]) -> None:
         if problems:
+            with self._lock:
+                self.violations += 1
             lines = [f"{op}: argument {arg}: {problem}" for arg, problem in problems]
             raise ContractViolation(
                 f"NPU contract violated (pretending {self.soc.name}, {self.soc.family}): "
@@ -182,7 +197,8 @@ class Harness:
             total = sum(self.calls.values())
             per_op = ", ".join(f"{op}={n}" for op, n in sorted(self.calls.items()))
             unspecified = sorted(self.unspecified)
+            violations = self.violations
         tail = (f"; products unspecified in the docs: {', '.join(unspecified)}"
                 if unspecified else "")
-        return (f"ascend_ext npu-contract: validated {total} calls ({per_op}), violations 0"
-                f"{tail}")
+        return (f"ascend_ext npu-contract: validated {total} calls ({per_op}), violations "
+                f"{violations}{tail}")

@@ -26,6 +26,12 @@ def enabled() -> bool:
     raise AscendExtError(f"{ENV}={raw!r}: expected 0 or 1")
 
 
+def log_summary() -> None:
+    from vllm.logger import init_logger
+
+    init_logger("vllm.ascend_ext").info(harness().summary())
+
+
 def harness():
     if not _HARNESS:
         from vllm_ascend_ext import envs

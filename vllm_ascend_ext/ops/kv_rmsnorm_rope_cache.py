@@ -67,9 +67,9 @@ def kv_rmsnorm_rope_cache_reference(kv, gamma, cos, sin, index, k_cache, ckv_cac
         kq, yq = k, y
     write_rows(k_cache, index, kq)
     write_rows(ckv_cache, index, yq)
-    if is_output_kv:
-        return k_cache, ckv_cache, k.to(kv.dtype), y.to(kv.dtype)
-    return k_cache, ckv_cache, None, None
+    # Four tensors whatever is_output_kv says, as the official meta returns them (the last
+    # two are the intermediate results; callers that did not ask ignore them).
+    return k_cache, ckv_cache, k.to(kv.dtype), y.to(kv.dtype)
 
 
 def kv_rmsnorm_rope_cache_meta(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
@@ -78,10 +78,8 @@ def kv_rmsnorm_rope_cache_meta(kv, gamma, cos, sin, index, k_cache, ckv_cache, *
                                is_output_kv=False):
     dc, dr = _check(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_offset, c_kv_offset,
                     v, cache_mode)
-    if is_output_kv:
-        return (k_cache, ckv_cache, kv.new_empty((*kv.shape[:3], dr)),
-                kv.new_empty((*kv.shape[:3], dc)))
-    return k_cache, ckv_cache, None, None
+    return (k_cache, ckv_cache, kv.new_empty((*kv.shape[:3], dr)),
+            kv.new_empty((*kv.shape[:3], dc)))
 
 
 def kv_rmsnorm_rope_cache_npu(kv, gamma, cos, sin, index, k_cache, ckv_cache, **kw):

@@ -14,6 +14,8 @@ from vllm.logger import init_logger
 from vllm.platforms.cpu import CpuPlatform
 
 from vllm_ascend_ext import envs
+from vllm_ascend_ext.contract import mode as contract_mode
+from vllm_ascend_ext.contract.oracle import VERSION as ORACLE_VERSION
 from vllm_ascend_ext.platform import kv_budget
 from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.allocator import keep_large_blocks_in_heap
@@ -55,6 +57,10 @@ class EmulatedAscendPlatform(CpuPlatform):
     def check_and_update_config(cls, vllm_config) -> None:
         validate_plugin_config(vllm_config)
         cls.soc()  # a bad ASCEND_EXT_SOC fails here, before the engine starts
+        if contract_mode.enabled():  # a bad ASCEND_EXT_NPU_CONTRACT fails here too
+            logger.info_once("ascend_ext: NPU contract mode: every torch_npu call is checked "
+                             "against torch-npu %s (pretending %s)", ORACLE_VERSION,
+                             cls.soc().name)
         apply_quant_description(vllm_config)
         sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
         parallel = vllm_config.parallel_config

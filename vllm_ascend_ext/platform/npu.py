@@ -12,6 +12,8 @@ import torch
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
+from vllm_ascend_ext.contract import mode as contract_mode
+from vllm_ascend_ext.errors import AscendExtError
 from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.config_hooks import (
     apply_quant_description,
@@ -73,6 +75,10 @@ class AscendNPUPlatform(Platform):
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
         validate_plugin_config(vllm_config)
+        if contract_mode.enabled():
+            raise AscendExtError(
+                f"{contract_mode.ENV}=1 is for the emulated platform (ASCEND_EXT_EMULATE=1): "
+                "on an NPU the operators themselves are the contract")
         soc = soc_table.require_supported(cls.soc())
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":

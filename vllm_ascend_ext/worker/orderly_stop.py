@@ -39,8 +39,14 @@ def leave_ctrl_c_to_engine(parallel_config) -> bool:
 
 
 def log_final_summaries(model_runner) -> int:
-    """Ask every metadata builder of the runner that has one to log its final summary."""
+    """Ask every metadata builder of the runner that has one to log its final summary,
+    then the NPU contract's (contract mode); returns how many were logged."""
+    from vllm_ascend_ext.contract import mode
+
     logged = 0
+    if mode.enabled():
+        mode.log_summary()
+        logged += 1
     for groups in getattr(model_runner, "attn_groups", None) or ():
         for group in groups:
             for builder in group.metadata_builders:
