@@ -209,3 +209,13 @@ def test_the_op_counter_keeps_counting_in_contract_mode(contract):
         npu_dynamic_quant(x)
     # One call each, the harness's meta run and reference hidden, as on the NPU.
     assert c.total() == {"npu_rms_norm": 1, "npu_dynamic_quant": 1}
+
+
+def test_contract_mode_routes_torch_npu_call_sites_only(contract):
+    from vllm_ascend_ext.ops._dispatch import pick
+
+    cpu = torch.device("cpu")
+    choose = dict(npu="npu call site", reference="reference", meta="meta")
+    assert pick(cpu, **choose) == "npu call site"
+    assert pick(cpu, **choose, torch_npu_op=False) == "reference"  # the plugin's own ops
+    assert pick(torch.device("meta"), **choose) == "meta"

@@ -35,9 +35,12 @@ def pick(
     npu: Callable[..., Any],
     reference: Callable[..., Any],
     meta: Callable[..., Any],
+    torch_npu_op: bool = True,
 ) -> Callable[..., Any]:
+    """``torch_npu_op=False`` for the plugin's own operators (``_C_ascend_ext``): contract
+    mode, which checks torch_npu call sites, leaves them on their reference."""
     if device.type == "meta":
         return meta
     if device.type == "npu":
         return npu
-    return npu if contract_mode.enabled() else reference
+    return npu if torch_npu_op and contract_mode.enabled() else reference

@@ -130,5 +130,5 @@ def npu_mla_prolog_v3_k3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv
         query, query_norm = getattr(torch.ops, _ext.NAMESPACE).npu_mla_prolog_v3_k3(*args, **kw)
         return query, (query_norm if query_norm_flag else None)
     impl = pick(token_x.device, npu=_no_npu_kernel, reference=mla_prolog_v3_k3_reference,
-                meta=mla_prolog_v3_k3_meta)
+                meta=mla_prolog_v3_k3_meta, torch_npu_op=False)
     return impl(*args, **kw)
