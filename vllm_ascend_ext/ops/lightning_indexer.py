@@ -78,7 +78,8 @@ def lightning_indexer_reference(query, key, weights, *, actual_seq_lengths_query
             idx = idx.to(torch.int32).masked_fill(torch.isneginf(vals), -1)
             out[start:end, 0, :n] = idx
         start = end
-    return out, None
+    # The official meta's second output: the selected scores, empty unless return_value.
+    return out, query.new_empty(0)
 
 
 def lightning_indexer_meta(query, key, weights, *, actual_seq_lengths_query=None,
@@ -87,7 +88,8 @@ def lightning_indexer_meta(query, key, weights, *, actual_seq_lengths_query=None
                            pre_tokens=2**63 - 1, next_tokens=2**63 - 1, return_value=False):
     _check(query, key, weights, block_table, layout_query, layout_key, sparse_count,
            sparse_mode, return_value)
-    return query.new_empty((query.shape[0], 1, sparse_count), dtype=torch.int32), None
+    return (query.new_empty((query.shape[0], 1, sparse_count), dtype=torch.int32),
+            query.new_empty(0))
 
 
 def lightning_indexer_npu(query, key, weights, **kw):

@@ -104,7 +104,9 @@ def sparse_flash_attention_reference(query, key, value, sparse_indices, scale_va
                 z = z + torch.exp(sinks.float()[None, :, None] - m)
             out[start:end] = torch.einsum("qnk,qkd->qnd", e / z.clamp_min(1e-30), ks)
         start = end
-    return out.to(query.dtype), None, None
+    # The official meta's softmax max / sum outputs, empty unless return_softmax_lse.
+    empty = query.new_empty(0, dtype=torch.float32)
+    return out.to(query.dtype), empty, empty.clone()
 
 
 def sparse_flash_attention_meta(query, key, value, sparse_indices, scale_value, *,
@@ -116,7 +118,8 @@ def sparse_flash_attention_meta(query, key, value, sparse_indices, scale_value, 
     _check(query, key, value, sparse_indices, block_table, query_rope, key_rope,
            sparse_block_size, layout_query, layout_kv, sparse_mode, attention_mode,
            return_softmax_lse)
-    return torch.empty_like(query), None, None
+    return (torch.empty_like(query), query.new_empty(0, dtype=torch.float32),
+            query.new_empty(0, dtype=torch.float32))
 
 
 def sparse_flash_attention_npu(query, key, value, sparse_indices, scale_value, **kw):
