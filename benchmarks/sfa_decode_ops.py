@@ -27,6 +27,7 @@ VARIANTS = ("native", "auto")
 def child(variant: str, prompts: int, max_tokens: int) -> dict:
     from vllm import LLM, SamplingParams
 
+    from vllm_ascend_ext.attention.sfa.builder import AscendSFAMetadataBuilder
     from vllm_ascend_ext.models import tiny_dsa_path
     from vllm_ascend_ext.ops.counting import OpCounter
 
@@ -37,7 +38,7 @@ def child(variant: str, prompts: int, max_tokens: int) -> dict:
     words = "the quick brown fox jumps over the lazy dog a decode step reads every token".split()
     ps = [" ".join(words[(i + j) % len(words)] for j in range(150)) for i in range(prompts)]
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    with OpCounter() as c:
+    with OpCounter(steps_of=AscendSFAMetadataBuilder) as c:
         llm.generate(ps, sp, use_tqdm=False)
     # A step's bucket also holds the runner's work after the forward (sampling, the next
     # step's input preparation); the last decode step is followed by no further step.

@@ -58,7 +58,7 @@ def probe_indexer() -> None:
 
     def topk_stage(*a, **k):
         idx = original(*a, **k)
-        meta = a[7]
+        meta = a[5]
         if SELECTION["calls"] == 0:
             SELECTION["first_step_tokens"] = meta.num_actual_tokens
         SELECTION["calls"] += 1
@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--dense-topk", action="store_true", help="index_topk = 4096 (no sparsity)")
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--dummy", action="store_true", help="load_format=dummy")
+    ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
@@ -118,7 +119,7 @@ def main() -> None:
         kwargs["hf_overrides"] = overrides
     if args.dummy:
         kwargs["load_format"] = "dummy"
-    llm = LLM(model=tiny_dsa_path(args.quantized), dtype="float32", seed=0, max_model_len=1024,
+    llm = LLM(model=tiny_dsa_path(args.quantized), dtype=args.dtype, seed=0, max_model_len=1024,
               enforce_eager=args.enforce_eager, **kwargs)
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
     ps = prompts(args.num_prompts, args.min_words)
@@ -127,11 +128,12 @@ def main() -> None:
     layers = model.sfa_layers()
     counter = None
     if args.count_ops:
+        from vllm_ascend_ext.attention.sfa.builder import AscendSFAMetadataBuilder
         from vllm_ascend_ext.ops.counting import OpCounter
 
-        counter = OpCounter()
+        counter = OpCounter(steps_of=AscendSFAMetadataBuilder)
         for layer in layers:
-            counter.watch(layer.owner.indexer.wk_weights_proj.weight, "wk_weights_proj")
+            counter.watch(layer.projections.indexer.wk_weights_proj.weight, "wk_weights_proj")
         counter.__enter__()
     outs = llm.generate(ps, sp, use_tqdm=False)
     if counter is not None:
@@ -143,6 +145,9 @@ def main() -> None:
         "routes": [[layer.route.preprocess, layer.route.reason] for layer in layers],
         "fallback_bytes_freed": sum(layer.weights.fallback_bytes_freed for layer in layers),
         "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
+        "kv_cache_groups": [sorted(g.layer_names) for g in runner.kv_cache_config.kv_cache_groups],
+        "caches": [[list(c.shape), c.is_contiguous(), c.data_ptr()] for layer in layers
+                   for c in layer.caches()],
         "selection": SELECTION,
         "chunked_prefill": llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill,
         "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
@@ -153,6 +158,12 @@ def main() -> None:
     if counter is not None:
         result["steps"] = [{"kind": s.kind, "ops": dict(s.ops), "views": s.views}
                            for s in counter.steps]
+    from vllm_ascend_ext.contract import mode
+
+    if mode.enabled():  # this process ran every NPU call (uni executor)
+        h = mode.harness()
+        result["contract"] = {"calls": dict(h.calls), "violations": h.violations,
+                              "summary": h.summary()}
     print("RESULT " + json.dumps(result))
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.conftest import run_script
+
 pytestmark = pytest.mark.e2e
 
 BF16_CHUNKED = ("--dtype", "bfloat16", "--max-num-batched-tokens", "16")
@@ -18,7 +20,28 @@ def test_tiny_qwen3_runs_in_contract_mode_with_no_violation(runs):
     contract = on["contract"]
     assert contract["violations"] == 0
     assert contract["calls"]["npu_fused_infer_attention_score"] > 0
-    assert set(contract["calls"]) == {"npu_fused_infer_attention_score", "_npu_reshape_and_cache"}
+    assert set(contract["calls"]) == {"npu_fused_infer_attention_score",
+                                      "npu_scatter_pa_kv_cache"}
     assert contract["summary"].startswith("ascend_ext npu-contract: validated ")
     # The same reference computes both runs: identical tokens and logprobs.
+    assert on["tokens"] == off["tokens"] and on["logprobs"] == off["logprobs"]
+
+
+DSA_ARGS = ("--dtype", "bfloat16", "--max-num-batched-tokens", "64", "--min-words", "130",
+            "--num-prompts", "2", "--max-tokens", "4")
+NATIVE_OPS = {"npu_rms_norm", "npu_interleave_rope", "npu_kv_rmsnorm_rope_cache",
+              "npu_lightning_indexer", "npu_sparse_flash_attention"}
+PROLOG_W8A8_OPS = {"npu_format_cast", "npu_dynamic_quant", "npu_quant_matmul", "npu_mla_prolog_v3",
+                   "npu_lightning_indexer", "npu_sparse_flash_attention"}
+
+
+@pytest.mark.parametrize("extra,ops", [((), NATIVE_OPS), (("--quantized",), PROLOG_W8A8_OPS)],
+                         ids=["dsa-native", "dsa-w8a8-prolog"])
+def test_tiny_dsa_runs_in_contract_mode_with_no_violation(extra, ops):
+    """SFA side: three separate contiguous caches, FRACTAL_NZ prolog weights, bf16."""
+    off = run_script("run_dsa.py", *DSA_ARGS, *extra, emulate=True)
+    on = run_script("run_dsa.py", *DSA_ARGS, *extra, emulate=True, ASCEND_EXT_NPU_CONTRACT="1")
+    contract = on["contract"]
+    assert contract["violations"] == 0
+    assert set(contract["calls"]) == ops, contract["summary"]
     assert on["tokens"] == off["tokens"] and on["logprobs"] == off["logprobs"]

@@ -43,6 +43,13 @@ def test_generates_through_the_sfa_backend_and_matches_independent_dense_math(ds
     r = dsa(*CHUNKED)
     assert r["model_class"] == "AscendDeepseekV32ForCausalLM" and r["backends"] == ["ASCEND_EXT_SFA"]
     assert r["chunked_prefill"] and r["block_size"] == 128
+    # Three separate contiguous caches per layer (latent 128, rope 64, indexer key 128 in the
+    # tiny model), all in one KV-cache group: one block table for all of them.
+    (group,) = r["kv_cache_groups"]
+    assert len(group) == 6 and sum(n.endswith(".k_rope_cache") for n in group) == 2
+    assert all(contiguous for _, contiguous, _ in r["caches"])
+    assert [shape[-1] for shape, _, _ in r["caches"][:3]] == [128, 64, 128]
+    assert len({ptr for _, _, ptr in r["caches"]}) == 6
     assert [rt[0] for rt in r["routes"]] == ["native", "native"]
     assert {"prefill", "decode"} <= {s["kind"] for s in r["steps"]}
     lens = [len(p) for p in r["prompt_token_ids"]]

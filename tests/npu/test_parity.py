@@ -16,7 +16,7 @@ import torch
 
 from vllm_ascend_ext.attention.kv_layout import plane_block_table, plane_slots, plane_views
 from vllm_ascend_ext.ops.fia import causal_mask_2048, fia_npu, fia_reference
-from vllm_ascend_ext.ops.kv_cache import reshape_and_cache_npu, reshape_and_cache_reference
+from vllm_ascend_ext.ops.kv_cache import scatter_pa_kv_cache_npu, scatter_pa_kv_cache_reference
 from vllm_ascend_ext.platform.probe import npu_present
 
 pytestmark = [pytest.mark.npu,
@@ -60,7 +60,7 @@ def test_fia_matches_reference(d, gqa, bs, pad):
     assert err < 2e-2
 
 
-def test_reshape_and_cache_matches_reference():
+def test_scatter_pa_kv_cache_matches_reference():
     torch.manual_seed(0)
     nb, bs, nkv, d, T = 8, 128, 2, 128, 50
     key, value = torch.randn(T, nkv, d).half(), torch.randn(T, nkv, d).half()
@@ -68,11 +68,9 @@ def test_reshape_and_cache_matches_reference():
     on_npu = _npu(cache)
     kc, vc, factor = plane_views(cache)
     slots = plane_slots(torch.randperm(nb * bs)[:T], bs, factor)
-    reshape_and_cache_reference(key=key, value=value, key_cache=kc, value_cache=vc,
-                                slot_indices=slots)
+    scatter_pa_kv_cache_reference(key, value, kc, vc, slots, cache_mode="Norm")
     kn, vn, _ = plane_views(on_npu)
-    reshape_and_cache_npu(key=_npu(key), value=_npu(value), key_cache=kn, value_cache=vn,
-                          slot_indices=_npu(slots))
+    scatter_pa_kv_cache_npu(_npu(key), _npu(value), kn, vn, _npu(slots), cache_mode="Norm")
     err = (on_npu.cpu() - cache).abs().max().item()
-    print(f"_npu_reshape_and_cache: max abs err {err:.3e}")
+    print(f"npu_scatter_pa_kv_cache (Norm): max abs err {err:.3e}")
     assert err == 0

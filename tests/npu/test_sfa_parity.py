@@ -2,7 +2,9 @@
 
 Each torch_npu call (through the plugin's ``*_npu`` functions) against the plugin's
 reference on the same bf16 inputs, at DeepSeek-V3.2's real widths (latent 512, rope 64,
-indexer key 128). Prints the max abs error measured.
+indexer key 128), with the caches and weight formats the engine passes (separate
+contiguous latent / rope / indexer-key caches; FRACTAL_NZ prolog weights). Prints the
+max abs error measured.
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, format_cast_npu
 from vllm_ascend_ext.ops.kv_rmsnorm_rope_cache import (
     kv_rmsnorm_rope_cache_npu,
     kv_rmsnorm_rope_cache_reference,
 )
 from vllm_ascend_ext.ops.lightning_indexer import lightning_indexer_npu, lightning_indexer_reference
+from vllm_ascend_ext.ops.mla_prolog import mla_prolog_v3_npu, mla_prolog_v3_reference
 from vllm_ascend_ext.ops.quant import (
     dynamic_quant_npu,
     dynamic_quant_reference,
@@ -140,3 +144,49 @@ def test_k3_prolog_npu_kernel_matches_the_cpu_kernel():
               (c_npu.cpu().float() - c_cpu.float()).abs().max().item())
     print(f"npu_mla_prolog_v3_k3 (PrivateUse1 vs CPU kernel): max abs err {err:.3e}")
     assert err < 5e-2
+
+
+def _quantize_columns(w):
+    """Per-output-channel int8 of an [in, out] weight -> (int8, fp32 scale [1, out])."""
+    scale = w.float().abs().amax(0, keepdim=True) / 127
+    return torch.round(w.float() / scale).clamp(-128, 127).to(torch.int8), scale
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_mla_prolog_v3_with_nz_weights_matches_reference(quantized):
+    """DeepSeek-V3.2 widths per TP-8 rank (16 heads): He 7168, Hcq 1536, D 128, Dr 64,
+    Hckv 512; weights [in, out] cast to FRACTAL_NZ once, as ``SfaLayer`` does."""
+    torch.manual_seed(4)
+    t, he, hcq, n, d, dr, hckv, nb, bs = 6, 7168, 1536, 16, 128, 64, 512, 2, 128
+    x = torch.randn(t, he).to(BF)
+    w_dq, w_uq = (torch.randn(he, hcq) / he**0.5).to(BF), (torch.randn(hcq, n * (d + dr)) / hcq**0.5).to(BF)
+    w_kv, w_uk = (torch.randn(he, hckv + dr) / he**0.5).to(BF), (torch.randn(n, d, hckv) / d**0.5).to(BF)
+    ang = torch.rand(t, dr // 2) * 6.28
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(BF), torch.cat([ang.sin()] * 2, -1).to(BF)
+    idx = torch.randperm(nb * bs)[:t].to(torch.int64)
+    kw = dict(cache_index=idx, rmsnorm_epsilon_cq=1e-6, rmsnorm_epsilon_ckv=1e-6,
+              cache_mode="PA_BSND", query_norm_flag=True)
+    weights = [w_dq, w_uq, w_kv]
+    if quantized:
+        token_x, sx = dynamic_quant_reference(x)
+        (w_dq, s_dq), (w_uq, s_uq), (w_kv, s_kv) = map(_quantize_columns, weights)
+        weights = [w_dq, w_uq, w_kv]
+        kw.update(dequant_scale_x=sx.view(-1, 1), dequant_scale_w_dq=s_dq,
+                  dequant_scale_w_uq_qr=s_uq, dequant_scale_w_dkv_kr=s_kv, weight_quant_mode=2)
+    else:
+        token_x = x
+    gammas = torch.rand(hcq).to(BF) + 0.5, torch.rand(hckv).to(BF) + 0.5
+    caches = torch.zeros(nb, bs, 1, hckv).to(BF), torch.zeros(nb, bs, 1, dr).to(BF)
+    ref = mla_prolog_v3_reference(token_x, weights[0], weights[1], w_uk, weights[2], *gammas, sin,
+                                  cos, *caches, **kw)
+    nz = [format_cast_npu(_npu(w), ACL_FORMAT_FRACTAL_NZ) for w in weights]
+    caches_n = [_npu(torch.zeros_like(c)) for c in caches]
+    got = mla_prolog_v3_npu(_npu(token_x), nz[0], nz[1], _npu(w_uk), nz[2],
+                            *map(_npu, gammas), _npu(sin), _npu(cos), *caches_n,
+                            **{k: _npu(v) for k, v in kw.items()})
+    for name, g, r in (("query", got[0], ref[0]), ("query_rope", got[1], ref[1]),
+                       ("kv_cache", caches_n[0], caches[0]), ("kr_cache", caches_n[1], caches[1])):
+        err = (g.cpu().float() - r.float()).abs().max().item()
+        print(f"npu_mla_prolog_v3 ({'W8A8' if quantized else 'bf16'}, NZ weights) {name}: "
+              f"max abs err {err:.3e}")
+        assert err < 5e-2 * max(1.0, r.float().abs().max().item())

@@ -11,7 +11,10 @@ import torch
 from vllm_ascend_ext.contract import docs, harness, metas, mode, op_rules, schemas
 from vllm_ascend_ext.contract.harness import ContractViolation, Harness
 from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
-from vllm_ascend_ext.ops.kv_cache import npu_reshape_and_cache
+from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, npu_format, npu_format_cast
+from vllm_ascend_ext.ops.kv_cache import npu_scatter_pa_kv_cache
+from vllm_ascend_ext.ops.kv_rmsnorm_rope_cache import npu_kv_rmsnorm_rope_cache
+from vllm_ascend_ext.ops.mla_prolog import npu_mla_prolog_v3
 from vllm_ascend_ext.ops.norm import npu_rms_norm
 from vllm_ascend_ext.ops.quant import npu_dynamic_quant, npu_quant_matmul
 from vllm_ascend_ext.platform.soc import from_name
@@ -51,7 +54,7 @@ def test_oracle_defines_every_schema_privately_and_never_enters_torch_npu():
     metas.load()
     for op in harness.REFERENCES:
         if op not in op_rules.HAND_WRITTEN_SCHEMAS:
-            assert metas.has_meta(op), op
+            assert metas.has_meta(op) != (op in op_rules.WITHOUT_PYTHON_META), op
     assert "torch_npu" not in sys.modules
     with pytest.raises(RuntimeError, match="does not exist"):  # nothing in torch.ops.npu
         torch._C._dispatch_has_kernel_for_dispatch_key("npu::npu_rms_norm", "Meta")
@@ -147,12 +150,75 @@ def test_block_ids_beyond_the_cache(contract):
 def test_out_of_range_slot(contract):
     key = torch.randn(3, NKV, D, dtype=torch.bfloat16)
     cache = torch.zeros(2, 16, NKV, D, dtype=torch.bfloat16)
-    with pytest.raises(ContractViolation, match=r"_npu_reshape_and_cache: argument slot_indices: "
-                                                r"index 32 out of range \(must be < 32\).*hand-written"):
-        npu_reshape_and_cache(key=key, value=key, key_cache=cache, value_cache=cache.clone(),
-                              slot_indices=torch.tensor([0, -1, 32], dtype=torch.int32))
-    npu_reshape_and_cache(key=key, value=key, key_cache=cache, value_cache=cache.clone(),
-                          slot_indices=torch.tensor([0, -1, 31], dtype=torch.int32))  # fine
+    with pytest.raises(ContractViolation, match=r"npu_scatter_pa_kv_cache: argument slot_mapping: "
+                                                r"index 32 out of range \(must be < 32\).*"
+                                                r"slot_mapping的值范围\[0,num_blocks\*block_size-1\]"):
+        npu_scatter_pa_kv_cache(key, key, cache, cache.clone(),
+                                torch.tensor([0, 7, 32], dtype=torch.int32))
+    with pytest.raises(ContractViolation, match=r"argument slot_mapping: index -1 < 0"):
+        npu_scatter_pa_kv_cache(key, key, cache, cache.clone(),
+                                torch.tensor([0, -1, 31], dtype=torch.int32))   # no padding
+    npu_scatter_pa_kv_cache(key, key, cache, cache.clone(),
+                            torch.tensor([0, 7, 31], dtype=torch.int32))        # fine
+
+
+def test_nz_cache_mode_with_nd_caches(contract):
+    """torch_npu's default cache_mode is PA_NZ: ND caches need "Norm"."""
+    key = torch.randn(2, NKV, D, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 16, NKV, D, dtype=torch.bfloat16)
+    with pytest.raises(ContractViolation, match=r"cache_mode 'PA_NZ' takes FRACTAL_NZ caches; "
+                                                r"key_cache is ND"):
+        npu_scatter_pa_kv_cache(key, key, cache, cache.clone(),
+                                torch.tensor([0, 1], dtype=torch.int32), cache_mode="PA_NZ")
+
+
+def _prolog(nz: bool, kv_cache=None, kr_cache=None):
+    """npu_mla_prolog_v3 at its call-site form: bf16, [in, out] weights, PA_BSND caches."""
+    g = torch.Generator().manual_seed(0)
+    t, he, hcq, n, d, dr, hckv = 3, 64, 32, 2, 16, 64, 128
+    r = lambda *s: (torch.randn(*s, generator=g) / s[0] ** 0.5).to(torch.bfloat16)  # noqa: E731
+    w_dq, w_uq, w_kv = r(he, hcq), r(hcq, n * (d + dr)), r(he, hckv + dr)
+    if nz:
+        w_dq, w_uq, w_kv = (npu_format_cast(w, ACL_FORMAT_FRACTAL_NZ) for w in (w_dq, w_uq, w_kv))
+    cos = torch.ones(t, dr, dtype=torch.bfloat16)
+    kv_cache = torch.zeros(2, 16, 1, hckv, dtype=torch.bfloat16) if kv_cache is None else kv_cache
+    kr_cache = torch.zeros(2, 16, 1, dr, dtype=torch.bfloat16) if kr_cache is None else kr_cache
+    return npu_mla_prolog_v3(
+        r(t, he), w_dq, w_uq, r(n, d, hckv), w_kv, torch.ones(hcq, dtype=torch.bfloat16),
+        torch.ones(hckv, dtype=torch.bfloat16), cos * 0, cos, kv_cache, kr_cache,
+        cache_index=torch.tensor([0, 5, -1]), rmsnorm_epsilon_cq=1e-6, rmsnorm_epsilon_ckv=1e-6,
+        cache_mode="PA_BSND", query_norm_flag=True)
+
+
+def test_mla_prolog_weights_in_nd_format(contract):
+    with pytest.raises(ContractViolation, match=r"npu_mla_prolog_v3: argument weight_dq: format "
+                                                r"ND; the operator takes FRACTAL_NZ .*数据格式支持"
+                                                r"FRACTAL_NZ"):
+        _prolog(nz=False)
+    query, _, _, q_norm, _ = _prolog(nz=True)             # cast once: passes
+    assert query.shape == (3, 2, 128) and q_norm.shape == (3, 32)
+
+
+def test_format_cast_goes_through_the_contract_and_records_nz(contract):
+    h = contract()
+    w = npu_format_cast(torch.randn(8, 4, dtype=torch.bfloat16), ACL_FORMAT_FRACTAL_NZ)
+    assert npu_format(w) == ACL_FORMAT_FRACTAL_NZ and h.calls["npu_format_cast"] == 1
+
+
+def test_sfa_caches_as_strided_views_of_one_row(contract):
+    """latent | rope | indexer key side by side in one cache row (the plugin's former SFA
+    layout): each cache a strided view, written in place by the prolog and the norm-rope op."""
+    row = torch.zeros(2, 16, 1, 128 + 64 + 128, dtype=torch.bfloat16)
+    with pytest.raises(ContractViolation, match=r"argument kv_cache: non-contiguous tensor .*"
+                                                r"written in place"):
+        _prolog(nz=True, kv_cache=row[..., :128], kr_cache=row[..., 128:192])
+    kv = torch.randn(3, 1, 1, 128 + 64, dtype=torch.bfloat16)
+    cos = torch.ones(3, 1, 1, 64, dtype=torch.bfloat16)
+    with pytest.raises(ContractViolation, match=r"npu_kv_rmsnorm_rope_cache: argument "
+                                                r"k_cache: non-contiguous"):
+        npu_kv_rmsnorm_rope_cache(kv, torch.ones(128, dtype=torch.bfloat16), cos, cos * 0,
+                                  torch.tensor([0, 1, 2]), row[..., 128:192], row[..., :128],
+                                  epsilon=1e-6, cache_mode="PA")
 
 
 def test_operator_documented_for_other_socs_only(contract):

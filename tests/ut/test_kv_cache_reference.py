@@ -6,27 +6,33 @@ import pytest
 import torch
 
 from vllm_ascend_ext.attention.kv_layout import plane_slots, plane_views
-from vllm_ascend_ext.ops.kv_cache import ReshapeAndCacheError, npu_reshape_and_cache
+from vllm_ascend_ext.ops.kv_cache import ScatterKvCacheError, npu_scatter_pa_kv_cache
 
 
 @pytest.mark.parametrize("bs", [16, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_writes_each_token_at_its_slot_and_skips_padding(bs, dtype):
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_writes_each_token_at_its_slot(bs, dtype, slot_dtype):
     torch.manual_seed(0)
     nb, nkv, d, T = 5, 2, 64, 23
     key, value = torch.randn(T, nkv, d).to(dtype), torch.randn(T, nkv, d).to(dtype)
-    slots = torch.randperm(nb * bs)[:T].to(torch.int32)
-    slots[[3, 10]] = -1  # vLLM's padding slot
+    slots = torch.randperm(nb * bs)[:T].to(slot_dtype)
     kc, vc = torch.zeros(nb, bs, nkv, d, dtype=dtype), torch.zeros(nb, bs, nkv, d, dtype=dtype)
-    npu_reshape_and_cache(key=key, value=value, key_cache=kc, value_cache=vc, slot_indices=slots)
+    npu_scatter_pa_kv_cache(key, value, kc, vc, slots)
     exp_k, exp_v = torch.zeros_like(kc), torch.zeros_like(vc)
     for t in range(T):
         s = int(slots[t])
-        if s < 0:
-            continue
         exp_k[s // bs, s % bs] = key[t]
         exp_v[s // bs, s % bs] = value[t]
     assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v)
+
+
+def test_padding_slots_are_refused_not_skipped():
+    """The documented range is [0, num_blocks * block_size - 1]: no -1 padding."""
+    kc = torch.zeros(2, 16, 1, 8)
+    with pytest.raises(ScatterKvCacheError, match=r"slots must lie in \[0, 31\]"):
+        npu_scatter_pa_kv_cache(torch.ones(2, 1, 8), torch.ones(2, 1, 8), kc, kc.clone(),
+                                torch.tensor([3, -1], dtype=torch.int32))
 
 
 def test_writes_through_the_plugin_cache_views():
@@ -40,8 +46,7 @@ def test_writes_through_the_plugin_cache_views():
     key, value = torch.ones(1, nkv, d), 2 * torch.ones(1, nkv, d)
     slots = plane_slots(torch.tensor([bs + 5]), bs, factor)
     assert slots.tolist() == [2 * bs + 5] and slots.dtype == torch.int32
-    npu_reshape_and_cache(key=key, value=value, key_cache=kc, value_cache=vc,
-                          slot_indices=slots)
+    npu_scatter_pa_kv_cache(key, value, kc, vc, slots)
     block = kv_cache[1].reshape(2, bs, nkv, d)
     assert torch.all(block[0, 5] == 1) and torch.all(block[1, 5] == 2)
     assert kv_cache.sum() == (1 + 2) * nkv * d  # nothing else touched
@@ -63,15 +68,15 @@ def test_plane_views_of_a_padded_page():
 
 
 @pytest.mark.parametrize("change,needle", [
-    (dict(slot_indices=torch.tensor([0, 1])), "int32"),
-    (dict(slot_indices=torch.tensor([0], dtype=torch.int32)), "2 tokens but 1"),
+    (dict(slot_mapping=torch.tensor([0.0, 1.0])), "int32 or int64"),
+    (dict(slot_mapping=torch.tensor([0], dtype=torch.int32)), "2 tokens but 1"),
     (dict(key_cache=torch.zeros(2, 16, 3, 64)), "key_cache must be"),
     (dict(value_cache=torch.zeros(2, 16, 2, 64, dtype=torch.float16)), "dtype"),
 ])
 def test_rejects_bad_arguments(change, needle):
     kwargs = dict(key=torch.zeros(2, 2, 64), value=torch.zeros(2, 2, 64),
                   key_cache=torch.zeros(2, 16, 2, 64), value_cache=torch.zeros(2, 16, 2, 64),
-                  slot_indices=torch.tensor([0, 1], dtype=torch.int32))
+                  slot_mapping=torch.tensor([0, 1], dtype=torch.int32))
     kwargs.update(change)
-    with pytest.raises(ReshapeAndCacheError, match=needle):
-        npu_reshape_and_cache(**kwargs)
+    with pytest.raises(ScatterKvCacheError, match=needle):
+        npu_scatter_pa_kv_cache(**kwargs)

@@ -1,8 +1,10 @@
 """OpCounter: plugin operators count once and hide their internals; views and casts apart."""
 
+from types import SimpleNamespace
+
 import torch
 
-from vllm_ascend_ext.ops.counting import OpCounter, mark_step
+from vllm_ascend_ext.ops.counting import OpCounter
 from vllm_ascend_ext.ops.norm import npu_rms_norm
 
 
@@ -11,7 +13,7 @@ def test_npu_ops_are_opaque_aten_ops_counted_views_apart_and_casts_directional()
     g = torch.ones(8)
     with OpCounter() as c:
         npu_rms_norm(x, g)               # one kernel on the NPU, many aten ops in the reference
-        mark_step("decode")
+        c.new_step("decode")
         y = x.view(2, 16)                # view: no kernel
         _ = y + 1
         _ = torch.arange(4).to(torch.int32)
@@ -26,3 +28,20 @@ def test_npu_ops_are_opaque_aten_ops_counted_views_apart_and_casts_directional()
 def test_no_counter_no_bookkeeping():
     out, rstd = npu_rms_norm(torch.ones(2, 4), torch.ones(4))
     assert out.shape == (2, 4) and rstd.shape == (2, 1)
+
+
+class _Builder:
+    def build(self, kind):
+        return SimpleNamespace(kind=kind)
+
+
+def test_steps_are_opened_by_the_watched_builder_and_the_builder_is_restored():
+    original = _Builder.build
+    with OpCounter(steps_of=_Builder) as c:
+        _ = torch.ones(2) + 1
+        _Builder().build("prefill")
+        _ = torch.ones(2) * 2
+        _Builder().build("decode")
+    assert [s.kind for s in c.steps] == ["before-first-step", "prefill", "decode"]
+    assert c.steps[1].ops["aten.mul"] == 1 and "aten.mul" not in c.steps[2].ops
+    assert _Builder.build is original

@@ -18,15 +18,17 @@ from vllm_ascend_ext.attention.sfa.builder import (
     half_duplicated,
     step_kind,
 )
+from vllm_ascend_ext.attention.sfa.caches import SfaCaches
 from vllm_ascend_ext.attention.sfa.impl import AscendSFAImpl
-from vllm_ascend_ext.attention.sfa.layout import SfaRow
+from vllm_ascend_ext.attention.sfa.projections import SfaProjections
 from vllm_ascend_ext.attention.sfa.weights import prepare
 from vllm_ascend_ext.ops.counting import OpCounter
+from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, npu_format
 
 H, N, DN, DR, DV, QL, KL, NI, DI, TOPK = 32, 4, 16, 8, 16, 24, 32, 4, 16, 4
 BS, NB = 16, 8
 Q_LENS, SEQ_LENS = [1, 1, 5, 9], [20, 7, 18, 9]
-ROW = SfaRow(KL, DR, DI)
+SPEC = indexer.IndexerSpec(n_heads=NI, head_dim=DI, topk=TOPK, neox=True, k_norm_eps=1e-5)
 
 
 class Lin(nn.Module):
@@ -41,10 +43,9 @@ class Lin(nn.Module):
         return F.linear(x, self.weight), None
 
 
-def _owner(device):
+def _proj(device) -> SfaProjections:
     torch.manual_seed(0)
     o = nn.Module()
-    o.num_local_heads, o.qk_nope_head_dim, o.v_head_dim = N, DN, DV
     o.q_a_proj, o.q_b_proj = Lin(H, QL, device), Lin(QL, N * (DN + DR), device)
     o.kv_a_proj_with_mqa, o.kv_b_proj = Lin(H, KL + DR, device), Lin(KL, N * (DN + DV), device)
     o.q_a_layernorm = SimpleNamespace(weight=torch.ones(QL, device=device))
@@ -53,7 +54,17 @@ def _owner(device):
     ix.wq_b, ix.wk_weights_proj = Lin(QL, NI * DI, device), Lin(H, DI + NI, device)
     ix.k_norm = nn.LayerNorm(DI, device=device)
     o.indexer = ix
-    return o
+    return SfaProjections.of(o)
+
+
+def _weights(proj, route, dispose_fallback=False):
+    return prepare(proj, heads=N, nope_dim=DN, v_dim=DV, route=route,
+                   dispose_fallback=dispose_fallback)
+
+
+def _caches(device, zeros=torch.zeros):
+    """Three separate contiguous paged caches, as the engine binds them."""
+    return SfaCaches(*(zeros(NB, BS, 1, d, device=device) for d in (KL, DR, DI)))
 
 
 def _cam(device, slot_dtype=torch.int64):
@@ -83,8 +94,7 @@ def _builder(device):
 
 def _impl():
     return AscendSFAImpl(num_heads=N, qk_nope_head_dim=DN, qk_rope_head_dim=DR, v_head_dim=DV,
-                         row=ROW, scale=(DN + DR) ** -0.5, index_n_heads=NI, index_topk=TOPK,
-                         indexer_rope_neox=True, rms_eps=1e-6)
+                         scale=(DN + DR) ** -0.5, indexer_spec=SPEC, rms_eps=1e-6)
 
 
 def test_step_kind_and_half_duplicated_cos_sin():
@@ -116,63 +126,64 @@ def test_builder_refuses_inconsistent_metadata():
 
 @pytest.mark.parametrize("route", ["native", "prolog_v3"])
 def test_per_step_path_runs_on_meta_without_host_reads(route):
-    owner = _owner("meta")
+    proj = _proj("meta")
     md = _builder("meta").build(0, _cam("meta"))
-    layer = SimpleNamespace(owner=owner, weights=prepare(owner, route=route, dispose_fallback=False))
     t = sum(Q_LENS) + 2
     out = torch.empty(t, N * DV, device="meta")
-    kv_cache = torch.empty(NB, 1, BS, ROW.width, device="meta")
-    impl = _impl()
     # the reference ops read host lengths; on meta the op's meta implementation runs
-    impl.forward(layer, torch.empty(t, H, device="meta"), out, kv_cache, md)
+    _impl().forward(proj, _weights(proj, route), torch.empty(t, H, device="meta"), out,
+                    _caches("meta", torch.empty), md)
     assert out.device.type == "meta" and md.slot_indices.device.type == "meta"
 
 
 def test_native_and_prolog_routes_agree_on_cpu_and_fill_the_same_cache():
     torch.manual_seed(1)
-    owner = _owner("cpu")
+    proj = _proj("cpu")
     md = _builder("cpu").build(0, _cam("cpu"))
     x = torch.randn(sum(Q_LENS) + 2, H)
     outs, caches = [], []
     for route in ("native", "prolog_v3"):
-        layer = SimpleNamespace(owner=owner, weights=prepare(owner, route=route,
-                                                             dispose_fallback=False))
-        kv = torch.zeros(NB, 1, BS, ROW.width)
+        kv = _caches("cpu")
         out = torch.zeros(x.shape[0], N * DV)
-        _impl().forward(layer, x, out, kv, md)
+        _impl().forward(proj, _weights(proj, route), x, out, kv, md)
         outs.append(out)
         caches.append(kv)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(caches[0], caches[1], rtol=1e-5, atol=1e-5)
+    for a, b in zip(caches[0], caches[1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert a.abs().sum() > 0                             # every cache was written
     assert outs[0][: sum(Q_LENS)].abs().sum() > 0
 
 
 def test_dispose_fallback_frees_the_native_weights():
-    owner = _owner("cpu")
-    w = prepare(owner, route="prolog_v3", dispose_fallback=True)
+    proj = _proj("cpu")
+    w = _weights(proj, "prolog_v3", dispose_fallback=True)
     assert w.fallback_bytes_freed == 4 * (QL * H + N * (DN + DR) * QL + (KL + DR) * H)
-    assert owner.q_a_proj.weight.numel() == 0 and w.prolog.w_dq.shape == (H, QL)
+    assert proj.q_a_proj.weight.numel() == 0 and w.prolog.w_dq.shape == (H, QL)
+
+
+def test_prolog_weights_are_cast_to_fractal_nz_once_and_others_stay_nd():
+    w = _weights(_proj("cpu"), "prolog_v3")
+    assert [npu_format(t) for t in (w.prolog.w_dq, w.prolog.w_uq_qr, w.prolog.w_dkv_kr)] == [
+        ACL_FORMAT_FRACTAL_NZ] * 3
+    assert npu_format(w.w_uk) == 2                          # weight_uk: ND (its docs)
+    assert _weights(_proj("cpu"), "native").prolog is None
 
 
 def test_indexer_reuses_the_gemm_tail_and_falls_back_for_other_hidden_states():
     torch.manual_seed(2)
-    owner = _owner("cpu")
-    ix = owner.indexer
+    ix = _proj("cpu").indexer
     md = _builder("cpu").build(0, _cam("cpu"))
     t = md.num_actual_tokens
     x = torch.randn(t, H)
-    q_c = torch.randn(t, QL)
-    rows = torch.zeros(NB * BS, DI)
-    key = rows.view(NB, BS, 1, DI)
+    q = ix.wq_b(torch.randn(t, QL))[0]
+    key = torch.zeros(NB, BS, 1, DI)
 
     def run(x_k, x_q):
         with OpCounter() as c:
             c.watch(ix.wk_weights_proj.weight, "wk")
-            tail = indexer.k_stage(ix, x_k, md.cos, md.sin, rows, md.slot_indices,
-                                   index_head_dim=DI, neox=True, eps=1e-5)
-            idx = indexer.topk_stage(ix, x_q, q_c, tail, md.cos, md.sin, key, md, n_heads=NI,
-                                     index_head_dim=DI, topk=TOPK, neox=True,
-                                     wq_b_apply=lambda q: ix.wq_b(q)[0])
+            tail = indexer.k_stage(SPEC, ix, x_k, md, key)
+            idx = indexer.topk_stage(SPEC, ix, x_q, q, tail, md, key)
         return idx, c.total()
 
     same, counts = run(x, x)

@@ -13,7 +13,8 @@ arguments the NPU path passes. A call through it
 (c) checks the documented rules the metas do not (``op_rules.py``), the supported
     products and contiguous in-place writes;
 (d) computes the values with the plugin's reference and checks that its outputs have
-    the official meta's shapes and dtypes.
+    the official meta's shapes and dtypes (and are contiguous where the meta's are, as
+    the kernel's outputs are: code downstream may rely on it).
 
 Any violation raises ``ContractViolation`` at once, naming the operator, the argument,
 the rule and its source. Calls are counted per operator for the summary line.
@@ -38,7 +39,7 @@ from vllm_ascend_ext.platform.soc import Soc
 # torch_npu operator -> the plugin's reference of the same signature.
 REFERENCES = {
     "npu_fused_infer_attention_score": "vllm_ascend_ext.ops.fia:fia_reference",
-    "_npu_reshape_and_cache": "vllm_ascend_ext.ops.kv_cache:reshape_and_cache_reference",
+    "npu_scatter_pa_kv_cache": "vllm_ascend_ext.ops.kv_cache:scatter_pa_kv_cache_reference",
     "npu_kv_rmsnorm_rope_cache":
         "vllm_ascend_ext.ops.kv_rmsnorm_rope_cache:kv_rmsnorm_rope_cache_reference",
     "npu_mla_prolog_v3": "vllm_ascend_ext.ops.mla_prolog:mla_prolog_v3_reference",
@@ -49,6 +50,7 @@ REFERENCES = {
     "npu_rms_norm": "vllm_ascend_ext.ops.norm:rms_norm_reference",
     "npu_dynamic_quant": "vllm_ascend_ext.ops.quant:dynamic_quant_reference",
     "npu_quant_matmul": "vllm_ascend_ext.ops.quant:quant_matmul_reference",
+    "npu_format_cast": "vllm_ascend_ext.ops.format:format_cast_reference",
 }
 
 
@@ -181,6 +183,9 @@ class Harness:
             if tuple(w.shape) != tuple(g.shape) or w.dtype != g.dtype:
                 problems.append((f"output {i}", f"the reference gives {tuple(g.shape)} {g.dtype}, "
                                                 f"the official meta {tuple(w.shape)} {w.dtype}"))
+            elif w.is_contiguous() and not g.is_contiguous():
+                problems.append((f"output {i}", f"the reference gives strides {g.stride()}; the "
+                                                "operator's output is contiguous"))
         self._raise(op, problems)
 
     def _raise(self, op: str, problems: list[tuple[str, str]]) -> None:

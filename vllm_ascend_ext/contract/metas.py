@@ -38,12 +38,12 @@ class Pretend:
     cann_version = DEFAULT_CANN_VERSION
 
 
-def _version_tuple(version: str) -> tuple:
-    parts = []
-    for piece in version.replace("-", ".").split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+def _version_tuple(version: str):
+    """CANN versions ordered as releases are: ``8.5.0.alpha003`` < ``8.5.0`` (a release is
+    newer than its pre-releases), ``8.3.RC1`` < ``8.5.0``."""
+    from packaging.version import Version
+
+    return Version(version.replace("-", "."))
 
 
 class _Sink:

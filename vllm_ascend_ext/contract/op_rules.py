@@ -2,8 +2,8 @@
 
 Quotes are substrings of torch-npu 2.13.0's ``_op_plugin_docs.py``; ``tests/ut`` checks
 that each one is found there. Operators without a documentation entry in the wheel
-(``npu_kv_rmsnorm_rope_cache``, ``npu_interleave_rope``, the ATB op
-``_npu_reshape_and_cache``) carry hand-written rules, marked as such.
+(``npu_kv_rmsnorm_rope_cache``, ``npu_interleave_rope``) carry hand-written rules,
+marked as such.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ from vllm_ascend_ext.contract.rules import (
     indices_in_range,
     tensor,
     when,
+)
+from vllm_ascend_ext.ops.format import (
+    ACL_FORMAT_FRACTAL_NZ,
+    ACL_FORMAT_ND,
+    format_name,
+    npu_format,
 )
 
 F16, BF16, F32, I8, I32, I64 = (torch.float16, torch.bfloat16, torch.float32, torch.int8,
@@ -118,19 +124,9 @@ FIA_RULES = (
          when(_paged, _fia_kv_lengths)),
 )
 
-# --- _npu_reshape_and_cache (ATB; no schema, meta or documentation in the wheel) --------
+# --- npu_scatter_pa_kv_cache (the FIA caches' writer, ND mode) ----------------------
 
-RESHAPE_AND_CACHE = "_npu_reshape_and_cache"
-RESHAPE_AND_CACHE_SCHEMA = (
-    "_npu_reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
-    "Tensor(b!) value_cache, Tensor slot_indices) -> ()")
-ATB_SOURCE = (f"{HAND_WRITTEN} from CANN ATB ReshapeAndCacheOperation's documentation "
-              "(key/value [num_tokens, num_head, head_size] float16/bfloat16/int8 ND; "
-              "keyCache/valueCache [num_blocks, block_size, num_head, head_size], written in "
-              "place; slotMapping int32 [num_tokens] = block_id * block_size + offset) and "
-              "op-plugin's ReshapeAndCachAtb.cpp, which registers the schema under atb:: and "
-              "passes every input through ParamSetter::Input (made contiguous by a copy: "
-              "strided key/value cost a copy, strided caches would be written beside themselves)")
+SCATTER = "npu_scatter_pa_kv_cache"
 
 
 def _same_dtypes(call: Call) -> str | None:
@@ -141,19 +137,30 @@ def _same_dtypes(call: Call) -> str | None:
     return None
 
 
-RESHAPE_AND_CACHE_RULES = (
-    Rule(RESHAPE_AND_CACHE, "key", "key, value: [num_tokens, num_head, head_size], float16/bfloat16/int8",
-         all_of(dtype_in("key", F16, BF16, I8), dims_in("key", 3)), source=ATB_SOURCE),
-    Rule(RESHAPE_AND_CACHE, "value", "key, value: [num_tokens, num_head, head_size], float16/bfloat16/int8",
-         all_of(dtype_in("value", F16, BF16, I8), dims_in("value", 3)), source=ATB_SOURCE),
-    Rule(RESHAPE_AND_CACHE, "key_cache", "key、value、keyCache、valueCache、keyCacheOut 、valueCacheOut的数据类型都必须完全一致",
-         _same_dtypes, source=ATB_SOURCE),
-    Rule(RESHAPE_AND_CACHE, "key_cache", "keyCache/valueCache: [num_blocks, block_size, num_head, head_size]",
-         all_of(dims_in("key_cache", 4), dims_in("value_cache", 4)), source=ATB_SOURCE),
-    Rule(RESHAPE_AND_CACHE, "slot_indices", "slotMapping: int32 [num_tokens], block_id * block_size + offset_in_block; negative slots are vLLM's padding, skipped",
-         all_of(dtype_in("slot_indices", I32),
-                indices_in_range("slot_indices", _rows("key_cache"), negative_ok=True)),
-         source=ATB_SOURCE),
+def _cache_format(call: Call) -> str | None:
+    mode = call.values.get("cache_mode")
+    want = ACL_FORMAT_FRACTAL_NZ if mode == "PA_NZ" else ACL_FORMAT_ND
+    for name in ("key_cache", "value_cache"):
+        t = tensor(call, name)
+        if t is not None and npu_format(t) != want:
+            return (f"cache_mode {mode!r} takes {format_name(want)} caches; {name} is "
+                    f"{format_name(npu_format(t))}")
+    return None
+
+
+SCATTER_RULES = (
+    Rule(SCATTER, "key", "输入参数不支持非连续",
+         all_of(*(contiguous(n) for n in ("key", "value", "key_cache", "value_cache",
+                                          "slot_mapping")))),
+    Rule(SCATTER, "key_cache", "key、value、key_cache、value_cache的数据类型必须一致", _same_dtypes),
+    Rule(SCATTER, "key_cache", "当传None或'Norm'时，仅支持ND内存排布格式。当传入'PA_NZ'时，仅支持NZ内存排布格式",
+         _cache_format),
+    Rule(SCATTER, "key_cache", "key_cache（Tensor）：必选参数，表示需要更新的key cache，当前layer的key cache，只支持4维",
+         all_of(dims_in("key_cache", 4), dims_in("value_cache", 4))),
+    Rule(SCATTER, "slot_mapping", "slot_mapping（Tensor）：必选参数，表示每个token key或value在cache中的存储偏移，数据类型支持int32和int64",
+         dtype_in("slot_mapping", I32, I64)),
+    Rule(SCATTER, "slot_mapping", "slot_mapping的值范围[0,num_blocks*block_size-1]",
+         indices_in_range("slot_mapping", _rows("key_cache"), negative_ok=False)),
 )
 
 # --- SFA side ---------------------------------------------------------------------------
@@ -164,6 +171,16 @@ MLA = "npu_mla_prolog_v3"
 KVRC = "npu_kv_rmsnorm_rope_cache"
 KVRC_SOURCE = (f"{HAND_WRITTEN}: the wheel documents no npu_kv_rmsnorm_rope_cache; "
                "index semantics as vllm-ascend's DeepSeek-V3.2 path uses them (int64 slots)")
+
+def _format(name: str, acl_format: int):
+    def check(call: Call) -> str | None:
+        t = tensor(call, name)
+        if t is not None and npu_format(t) != acl_format:
+            return (f"format {format_name(npu_format(t))}; the operator takes "
+                    f"{format_name(acl_format)} (cast once with npu_format_cast)")
+        return None
+    return check
+
 
 SFA_RULES = (
     Rule(LI, "query", "query（Tensor）：必选参数，不支持非连续，数据格式支持ND，数据类型支持bfloat16和float16",
@@ -194,6 +211,14 @@ SFA_RULES = (
          contiguous("key_rope")),
     Rule(MLA, "token_x", "token_x（Tensor）：必选参数，对应公式中x。shape支持2维和3维，格式为(T, He)和(B, S, He)，dtype支持bfloat16和int8",
          dtype_in("token_x", BF16, I8)),
+    Rule(MLA, "weight_dq", "dtype支持bfloat16和int8，数据格式支持FRACTAL_NZ（可通过torch_npu.npu_format_cast将ND格式转为FRACTAL_NZ格式）",
+         all_of(dtype_in("weight_dq", BF16, I8), _format("weight_dq", ACL_FORMAT_FRACTAL_NZ))),
+    Rule(MLA, "weight_uq_qr", "格式为(Hcq, N*(D+Dr))，dtype支持bfloat16和int8，数据格式支持FRACTAL_NZ",
+         all_of(dtype_in("weight_uq_qr", BF16, I8),
+                _format("weight_uq_qr", ACL_FORMAT_FRACTAL_NZ))),
+    Rule(MLA, "weight_dkv_kr", "格式为(He, Hckv+Dr)，dtype支持bfloat16和int8，数据格式支持FRACTAL_NZ",
+         all_of(dtype_in("weight_dkv_kr", BF16, I8),
+                _format("weight_dkv_kr", ACL_FORMAT_FRACTAL_NZ))),
     Rule(MLA, "weight_uk", "weight_uk（Tensor）：必选参数，表示计算Key的上采样权重，即公式中W<sup>UK</sup>。shape支持3维，格式为(N, D, Hckv)，dtype支持bfloat16",
          dtype_in("weight_uk", BF16)),
     Rule(MLA, "rope_sin", "rope_sin（Tensor）：必选参数，表示用于计算旋转位置编码的正弦参数矩阵。shape支持2维和3维，格式为(T, Dr)和(B, S, Dr)，dtype支持bfloat16",
@@ -211,6 +236,8 @@ SFA_RULES = (
          all_of(dtype_in("index", I64),
                 indices_in_range("index", _rows("ckv_cache", "k_cache"), negative_ok=True)),
          source=KVRC_SOURCE),
+    Rule(KVRC, "k_cache", "k_cache, ckv_cache: written in place by the kernel (the schema returns them, without (a!)); in-place writes need contiguous memory",
+         all_of(contiguous("k_cache"), contiguous("ckv_cache")), source=KVRC_SOURCE),
 )
 
 # --- Norm, quantization ------------------------------------------------------------------
@@ -251,9 +278,15 @@ NORM_QUANT_RULES = (
          _output_dtype),
 )
 
-RULES: tuple[Rule, ...] = FIA_RULES + RESHAPE_AND_CACHE_RULES + SFA_RULES + NORM_QUANT_RULES
+RULES: tuple[Rule, ...] = FIA_RULES + SCATTER_RULES + SFA_RULES + NORM_QUANT_RULES
+# Operators with a yaml schema but no Python Meta kernel in the wheel (their meta lives in
+# torch_npu's C++ library): the harness binds the schema and checks the rules only.
+WITHOUT_PYTHON_META = {"npu_format_cast": "torch_npu registers it in C++ (format casts are "
+                                          "shape-preserving)"}
 # Operators whose schema is not in the yaml: the hand-written one, and where it comes from.
-HAND_WRITTEN_SCHEMAS = {RESHAPE_AND_CACHE: (RESHAPE_AND_CACHE_SCHEMA, ATB_SOURCE)}
+# None today: every operator the plugin calls has one (ATB's _npu_reshape_and_cache, which
+# has none, is no longer called).
+HAND_WRITTEN_SCHEMAS: dict[str, tuple[str, str]] = {}
 
 
 def rules_for(op: str) -> tuple[Rule, ...]:

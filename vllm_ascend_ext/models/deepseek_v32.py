@@ -42,9 +42,11 @@ from vllm.model_executor.models.deepseek_v2 import DeepseekV2MLP, DeepseekV2MoE,
 from vllm.model_executor.models.utils import make_layers, maybe_prefix
 
 from vllm_ascend_ext.attention.sfa import route as sfa_route
+from vllm_ascend_ext.attention.sfa.caches import SfaCacheDims
+from vllm_ascend_ext.attention.sfa.indexer import IndexerSpec
 from vllm_ascend_ext.attention.sfa.layer import SfaLayer
-from vllm_ascend_ext.attention.sfa.layout import SfaRow
-from vllm_ascend_ext.attention.sfa.weights import PROLOG_SOURCES, prepare
+from vllm_ascend_ext.attention.sfa.projections import SfaProjections
+from vllm_ascend_ext.attention.sfa.weights import PROLOG_SOURCES
 from vllm_ascend_ext.quantization.w8a8_dynamic import is_w8a8
 
 logger = init_logger("vllm.ascend_ext")
@@ -129,25 +131,26 @@ class DsaAttention(nn.Module):
         self.rotary_emb = get_rope(self.qk_rope_head_dim,
                                    max_position=getattr(config, "max_position_embeddings", 8192),
                                    rope_parameters=rope_parameters, is_neox_style=False)
-        row = SfaRow(self.kv_lora_rank, self.qk_rope_head_dim, config.index_head_dim)
-        self.attn = SfaLayer(
-            owner=self, row=row, rope_cos_sin=self.rotary_emb.cos_sin_cache,
-            prefix=f"{prefix}.attn",
-            impl_kwargs=dict(num_heads=self.num_local_heads,
-                             qk_nope_head_dim=self.qk_nope_head_dim,
-                             qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.v_head_dim,
-                             scale=scale, index_n_heads=config.index_n_heads,
-                             index_topk=config.index_topk,
-                             indexer_rope_neox=not getattr(config, "indexer_rope_interleave", False),
-                             rms_eps=config.rms_norm_eps))
         from vllm_ascend_ext.config import get_config
 
-        self.attn.route = sfa_route.decide(layer_facts(vllm_config, self),
-                                           get_config(vllm_config).sfa.preprocess)
-        if self.attn.route.prolog_op not in (None, sfa_route.PROLOG_V3):
+        route = sfa_route.decide(layer_facts(vllm_config, self),
+                                 get_config(vllm_config).sfa.preprocess)
+        if route.prolog_op not in (None, sfa_route.PROLOG_V3):
             raise NotImplementedError(
-                f"{prefix}: SFA layers need RoPE dims; prolog {self.attn.route.prolog_op} "
+                f"{prefix}: SFA layers need RoPE dims; prolog {route.prolog_op} "
                 "is for no-RoPE MLA layers")
+        self.attn = SfaLayer(
+            projections=SfaProjections.of(self), route=route,
+            dims=SfaCacheDims(self.kv_lora_rank, self.qk_rope_head_dim, config.index_head_dim),
+            rope_cos_sin=self.rotary_emb.cos_sin_cache, prefix=f"{prefix}.attn",
+            impl_kwargs=dict(
+                num_heads=self.num_local_heads, qk_nope_head_dim=self.qk_nope_head_dim,
+                qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.v_head_dim,
+                scale=scale, rms_eps=config.rms_norm_eps,
+                indexer_spec=IndexerSpec(
+                    n_heads=config.index_n_heads, head_dim=config.index_head_dim,
+                    topk=config.index_topk,
+                    neox=not getattr(config, "indexer_rope_interleave", False))))
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         out = hidden_states.new_empty(hidden_states.shape[0],
@@ -243,11 +246,8 @@ class AscendDeepseekV32ForCausalLM(nn.Module):
         return self.logits_processor(self.lm_head, hidden_states)
 
     def process_weights_after_loading(self) -> None:
-        freed = 0
-        for layer in self.sfa_layers():
-            layer.weights = prepare(layer.owner, route=layer.route.preprocess,
-                                    dispose_fallback=layer.route.dispose_fallback)
-            freed += layer.weights.fallback_bytes_freed
+        # vLLM's loader has already called each SfaLayer's own hook (attention layers).
+        freed = sum(layer.weights.fallback_bytes_freed for layer in self.sfa_layers())
         if any(layer.route.dispose_fallback for layer in self.sfa_layers()):
             logger.info("ascend_ext SFA: disposed fallback weights on this KV consumer: "
                         "%.2f MiB freed", freed / 2**20)

@@ -12,14 +12,19 @@ Dtype conversions are recorded with their direction, e.g.
 ``aten._to_copy[torch.int64->torch.int32]``, so a test can ask how many slot-index
 casts a step makes.
 
-Counts are bucketed by step: ``mark_step(kind)`` (called by the attention metadata
-builders once per ``build``) starts a new bucket. No counter active -> no cost
-beyond one list check.
+Counts are bucketed by step: ``OpCounter(steps_of=Builder)`` opens a new bucket each
+time ``Builder.build`` returns (labelled with the metadata's ``kind``), by wrapping
+that method while the counter is active; ``new_step`` opens one by hand. The plugin's
+own layer entry ops (``TRANSPARENT_OPS``, e.g. ``ascend_ext.sfa_forward``) are entered
+rather than counted: what runs inside them is counted, and marked as in-layer.
+Production code knows nothing of this module beyond the ``npu_op`` name tag; with no
+counter active that tag costs one list check.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,11 +37,18 @@ _ACTIVE: list[OpCounter] = []
 # Bookkeeping, not kernels.
 IGNORED_NAMESPACES = ("profiler",)
 # Custom-op wrappers whose body is counted instead of the wrapper: name -> Python body.
-_TRANSPARENT: dict[str, Callable[..., Any]] = {}
+TRANSPARENT_OPS = {"ascend_ext.sfa_forward": "vllm_ascend_ext.attention.sfa.layer:run_sfa_forward"}
 
 
-def register_transparent(op_name: str, body: Callable[..., Any]) -> None:
-    _TRANSPARENT[op_name] = body
+@functools.cache
+def _transparent_body(op_name: str) -> Callable[..., Any] | None:
+    target = TRANSPARENT_OPS.get(op_name)
+    if target is None:
+        return None
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -61,9 +73,11 @@ class StepCounts:
 class OpCounter(TorchDispatchMode):
     """``with OpCounter() as c: ...`` then ``c.steps`` (one ``StepCounts`` per step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, steps_of: type | None = None) -> None:
         super().__init__()
         self.steps: list[StepCounts] = [StepCounts("before-first-step")]
+        self._steps_of = steps_of
+        self._unwrap: Callable[[], None] | None = None
         self._opaque_depth = 0
         self._region_depth = 0
         self._watched: dict[int, str] = {}
@@ -98,7 +112,7 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inner = _TRANSPARENT.get(str(func.overloadpacket))
+        inner = _transparent_body(str(func.overloadpacket))
         if inner is not None:
             # The plugin's own entry ops (e.g. ascend_ext.sfa_forward) are wrappers:
             # count what runs inside them (their Python body), not the wrapper.
@@ -127,19 +141,31 @@ class OpCounter(TorchDispatchMode):
                 self._count(name)
         return func(*args, **kwargs)
 
+    def _wrap_builder(self) -> None:
+        cls, counter = self._steps_of, self
+        original = cls.__dict__["build"]
+
+        @functools.wraps(original)
+        def build(builder, *args, **kwargs):
+            md = original(builder, *args, **kwargs)
+            counter.new_step(getattr(md, "kind", "step"))
+            return md
+
+        cls.build = build
+        self._unwrap = lambda: setattr(cls, "build", original)
+
     def __enter__(self):
+        if self._steps_of is not None:
+            self._wrap_builder()
         _ACTIVE.append(self)
         return super().__enter__()
 
     def __exit__(self, *exc):
         _ACTIVE.remove(self)
+        if self._unwrap is not None:
+            self._unwrap()
+            self._unwrap = None
         return super().__exit__(*exc)
-
-
-def mark_step(kind: str) -> None:
-    """Start a new per-step bucket in every active counter (builders call this)."""
-    for c in _ACTIVE:
-        c.new_step(kind)
 
 
 def npu_op(name: str) -> Callable[[F], F]:

@@ -1,19 +1,23 @@
-"""Paged KV-cache write: ``torch_npu._npu_reshape_and_cache`` (ATB ReshapeAndCache).
+"""Paged KV-cache write: ``torch_npu.npu_scatter_pa_kv_cache`` in ND (``cache_mode="Norm"``).
 
-The write that vllm-ascend pairs with FIA (``attention_v1.py``, ``device_op.py``):
+The writer torch-npu 2.13 documents for paged K/V caches (its scenario 2; vllm-ascend's
+``BaseDeviceAdaptor.reshape_and_cache`` writes with it, ATB's ``_npu_reshape_and_cache``
+only on 310P):
 
-    torch_npu._npu_reshape_and_cache(key=key, value=value, key_cache=key_cache,
-                                     value_cache=value_cache, slot_indices=slots)
+    torch_npu.npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping,
+                                      cache_mode="Norm")
 
-Semantics mirrored here (ND cache format):
-- ``key``/``value``: [T, KV_N, D] (fp16/bf16; int8 for quantized caches);
-- ``key_cache``/``value_cache``: [num_blocks, block_size, KV_N, D], written in
-  place: token ``t`` goes to block ``slot // block_size``, row ``slot % block_size``;
-- ``slot_indices``: **int32** [T] (ATB ReshapeAndCache's ``slot_mapping`` is int32;
-  the keyword was ``slot_mapping`` before CANN 9.1, ``slot_indices`` since);
-- negative slots (vLLM's padding slot -1) are skipped [I: ATB kernel and vLLM's
-  PAD_SLOT_ID convention]; duplicate slots are undefined.
-Returns None. The emulation also accepts fp32 (documented relaxation).
+Semantics (torch_npu docs, "场景二"):
+- ``key``/``value``: [T, KV_N, D] (fp16/bf16/int8; the emulation also takes fp32);
+- ``key_cache``/``value_cache``: [num_blocks, block_size, KV_N, D], ND format
+  ("当传None或'Norm'时，仅支持ND内存排布格式"; the default ``"PA_NZ"`` needs NZ caches),
+  written in place ("本质in-place更新"): token ``t`` goes to block ``slot // block_size``,
+  row ``slot % block_size``;
+- ``slot_mapping``: int32 or int64 [T], every value in ``[0, num_blocks * block_size - 1]``
+  ("slot_mapping的值范围[0,num_blocks*block_size-1]"): **no negative padding slots**
+  (the FIA builder hands only the step's real tokens), no duplicates;
+- no strided inputs ("输入参数不支持非连续"); all four tensors of one dtype.
+Returns None.
 """
 
 from __future__ import annotations
@@ -21,70 +25,73 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops.counting import npu_op
 
+OP = "npu_scatter_pa_kv_cache"
 _DTYPES = (torch.float16, torch.bfloat16, torch.int8, torch.float32)
 
 
-class ReshapeAndCacheError(ValueError):
+class ScatterKvCacheError(ValueError):
     pass
 
 
-def _check(key, value, key_cache, value_cache, slot_indices) -> None:
-    name = "_npu_reshape_and_cache"
-    if slot_indices.dtype != torch.int32 or slot_indices.dim() != 1:
-        raise ReshapeAndCacheError(
-            f"{name}: slot_indices must be int32 [T], got {slot_indices.dtype} "
-            f"{tuple(slot_indices.shape)}"
-        )
-    if key.dim() != 3 or tuple(value.shape) != tuple(key.shape):
-        raise ReshapeAndCacheError(
-            f"{name}: key/value must be [T, KV_N, D] of equal shape, got "
-            f"{tuple(key.shape)} / {tuple(value.shape)}"
-        )
-    if key.shape[0] != slot_indices.shape[0]:
-        raise ReshapeAndCacheError(
-            f"{name}: {key.shape[0]} tokens but {slot_indices.shape[0]} slot indices"
-        )
-    for cname, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if cache.dim() != 4 or tuple(cache.shape[2:]) != tuple(key.shape[1:]):
-            raise ReshapeAndCacheError(
-                f"{name}: {cname} must be [num_blocks, block_size, {key.shape[1]}, "
-                f"{key.shape[2]}], got {tuple(cache.shape)}"
-            )
+def _check(key, value, key_cache, value_cache, slot_mapping, cache_mode) -> None:
+    if cache_mode not in (None, "Norm"):
+        raise NotImplementedError(f"{OP}: cache_mode {cache_mode!r} (NZ caches) is not emulated")
+    if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.dim() != 1:
+        raise ScatterKvCacheError(
+            f"{OP}: slot_mapping must be int32 or int64 [T], got {slot_mapping.dtype} "
+            f"{tuple(slot_mapping.shape)}")
+    if key.dim() != 3 or tuple(value.shape[:2]) != tuple(key.shape[:2]):
+        raise ScatterKvCacheError(
+            f"{OP}: key/value must be [T, KV_N, D] with equal first two dims, got "
+            f"{tuple(key.shape)} / {tuple(value.shape)}")
+    if key.shape[0] != slot_mapping.shape[0]:
+        raise ScatterKvCacheError(
+            f"{OP}: {key.shape[0]} tokens but {slot_mapping.shape[0]} slots")
+    for cname, cache, src in (("key_cache", key_cache, key), ("value_cache", value_cache, value)):
+        if cache.dim() != 4 or tuple(cache.shape[2:]) != tuple(src.shape[1:]):
+            raise ScatterKvCacheError(
+                f"{OP}: {cname} must be [num_blocks, block_size, {src.shape[1]}, "
+                f"{src.shape[2]}], got {tuple(cache.shape)}")
         if cache.dtype != key.dtype or cache.dtype not in _DTYPES:
-            raise ReshapeAndCacheError(
-                f"{name}: {cname} dtype {cache.dtype} must equal key dtype {key.dtype} "
-                "(fp16/bf16/int8; fp32 in emulation)"
-            )
+            raise ScatterKvCacheError(
+                f"{OP}: {cname} dtype {cache.dtype} must equal key dtype {key.dtype} "
+                "(fp16/bf16/int8; fp32 in emulation)")
 
 
-def reshape_and_cache_reference(*, key, value, key_cache, value_cache, slot_indices):
-    _check(key, value, key_cache, value_cache, slot_indices)
+def scatter_pa_kv_cache_reference(key, value, key_cache, value_cache, slot_mapping, *,
+                                  compress_lens=None, compress_seq_offsets=None, seq_lens=None,
+                                  cache_mode="PA_NZ"):
+    _check(key, value, key_cache, value_cache, slot_mapping, cache_mode)
+    rows = key_cache.shape[0] * key_cache.shape[1]
+    if slot_mapping.numel() and (int(slot_mapping.min()) < 0
+                                 or int(slot_mapping.max()) >= rows):
+        raise ScatterKvCacheError(
+            f"{OP}: slots must lie in [0, {rows - 1}] (no padding slots), got "
+            f"[{int(slot_mapping.min())}, {int(slot_mapping.max())}]")
+    slots = slot_mapping.long()
     bs = key_cache.shape[1]
-    valid = slot_indices >= 0
-    slots = slot_indices[valid].long()
-    blk, off = slots // bs, slots % bs
-    key_cache[blk, off] = key[valid]
-    value_cache[blk, off] = value[valid]
+    key_cache[slots // bs, slots % bs] = key
+    value_cache[slots // bs, slots % bs] = value
 
 
-def reshape_and_cache_meta(*, key, value, key_cache, value_cache, slot_indices):
-    _check(key, value, key_cache, value_cache, slot_indices)
+def scatter_pa_kv_cache_meta(key, value, key_cache, value_cache, slot_mapping, *,
+                             cache_mode="PA_NZ", **_):
+    _check(key, value, key_cache, value_cache, slot_mapping, cache_mode)
 
 
-def reshape_and_cache_npu(*, key, value, key_cache, value_cache, slot_indices):
-    torch_npu_module()._npu_reshape_and_cache(
-        key=key, value=value, key_cache=key_cache, value_cache=value_cache,
-        slot_indices=slot_indices,
-    )
+def scatter_pa_kv_cache_npu(key, value, key_cache, value_cache, slot_mapping, *, cache_mode):
+    torch_npu_module().npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping,
+                                               cache_mode=cache_mode)
 
 
-def npu_reshape_and_cache(
-    *, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-    value_cache: torch.Tensor, slot_indices: torch.Tensor,
-) -> None:
-    """Same keywords and semantics as ``torch_npu._npu_reshape_and_cache``."""
-    impl = pick(key.device, npu=reshape_and_cache_npu,
-                reference=reshape_and_cache_reference, meta=reshape_and_cache_meta)
-    impl(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
-         slot_indices=slot_indices)
+@npu_op(OP)
+def npu_scatter_pa_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                            value_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
+                            cache_mode: str = "Norm") -> None:
+    """torch_npu's positional tensors; ``cache_mode`` defaults to the ND mode the plugin's
+    caches need (torch_npu's own default is ``"PA_NZ"``)."""
+    impl = pick(key.device, npu=scatter_pa_kv_cache_npu, reference=scatter_pa_kv_cache_reference,
+                meta=scatter_pa_kv_cache_meta)
+    impl(key, value, key_cache, value_cache, slot_mapping, cache_mode=cache_mode)

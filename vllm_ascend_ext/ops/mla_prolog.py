@@ -13,6 +13,9 @@ Semantics (``shared/npu-ops.md`` §2; structure from ``test_mla_prolog_v3.py::ba
 
 Returns ``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``;
 ``query_norm`` is c^Q when ``query_norm_flag`` (the DeepSeek-V3.2 indexer's q input).
+Outputs a mode does not produce are empty tensors (shape ``(0,)``), as the official
+meta returns them with CANN >= 8.5.0.alpha003: float32 scales, ``query_norm`` in
+``weight_uq_qr``'s dtype.
 
 Weights are ``[in, out]`` (a Linear weight transposed); ``weight_uk`` is [N, D, Hckv].
 
@@ -141,21 +144,28 @@ def mla_prolog_v3_reference(token_x, weight_dq, weight_uq_qr, weight_uk, weight_
         q_norm = cq
     qcqr = qcqr.view(t, n, d + dr)
     q_nope = qcqr[..., :d].to(mid).float()
-    query = torch.einsum("tnd,ndc->tnc", q_nope, weight_uk.float())
+    query = torch.einsum("tnd,ndc->tnc", q_nope, weight_uk.float()).contiguous()
     query_rope = rope_interleave_half(qcqr[..., d:], cos[:, None], sin[:, None])
     ckv = rms_fp32(kvkr[:, :hckv], rmsnorm_gamma_ckv, rmsnorm_epsilon_ckv) * kc_scale
     kr = rope_interleave_half(kvkr[:, hckv:], cos, sin)
     write_rows(kv_cache, cache_index, ckv)
     write_rows(kr_cache, cache_index, kr)
-    q_scale = None
+    q_scale = _absent(token_x)
     if query_quant_mode == 1:
         q_scale = query.abs().amax(-1, keepdim=True) / 127.0
         query = torch.round(query / q_scale.clamp_min(torch.finfo(torch.float32).tiny))
         query = query.clamp(-128, 127).to(torch.int8)
     else:
         query = query.to(mid)
-    return (query, query_rope.to(mid), q_scale,
-            q_norm if query_norm_flag else None, q_norm_scale if query_norm_flag else None)
+    if not query_norm_flag:
+        q_norm, q_norm_scale = _absent(token_x, weight_uq_qr.dtype), None
+    return (query, query_rope.to(mid), q_scale, q_norm,
+            q_norm_scale if query_norm_flag and q_norm_scale is not None else _absent(token_x))
+
+
+def _absent(like: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An output the mode does not produce: empty, as the official meta gives it."""
+    return like.new_empty(0, dtype=dtype)
 
 
 def mla_prolog_v3_meta(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr,
@@ -172,11 +182,12 @@ def mla_prolog_v3_meta(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_k
     mid = weight_uk.dtype
     new = token_x.new_empty
     query = new((t, n, hckv), dtype=torch.int8 if query_quant_mode == 1 else mid)
-    q_scale = new((t, n, 1), dtype=torch.float32) if query_quant_mode == 1 else None
-    q_norm = q_norm_scale = None
+    q_scale = new((t, n, 1), dtype=torch.float32) if query_quant_mode == 1 else _absent(token_x)
+    q_norm, q_norm_scale = _absent(token_x, weight_uq_qr.dtype), _absent(token_x)
     if query_norm_flag:
         q_norm = new((t, hcq), dtype=torch.int8 if weight_quant_mode == 2 else mid)
-        q_norm_scale = new((t, 1), dtype=torch.float32) if weight_quant_mode == 2 else None
+        if weight_quant_mode == 2:
+            q_norm_scale = new((t, 1), dtype=torch.float32)
     return query, new((t, n, dr), dtype=mid), q_scale, q_norm, q_norm_scale
 
 

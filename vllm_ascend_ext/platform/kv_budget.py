@@ -49,7 +49,7 @@ def choose(per_token_bytes: int, max_model_len: int, available_bytes: int,
 
 def per_token_bytes(model_config, parallel_config, cache_dtype: str) -> int:
     """An estimate of the KV bytes per token over all layers: K and V (MLA: one latent
-    row of vLLM's head size; the SFA row adds the indexer key, 22% more for
+    row of vLLM's head size; the SFA layer's indexer-key cache adds 22% more for
     DeepSeek-V3.2); hybrid models' linear-attention layers are counted as if they held a
     per-token cache."""
     from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype

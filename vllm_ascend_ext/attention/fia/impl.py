@@ -9,7 +9,7 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionTy
 from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
 from vllm_ascend_ext.attention.kv_layout import plane_views
 from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
-from vllm_ascend_ext.ops.kv_cache import npu_reshape_and_cache
+from vllm_ascend_ext.ops.kv_cache import npu_scatter_pa_kv_cache
 
 # FIA sparse_mode 3: causal anchored bottom-right (chunk at the end of its sequence).
 SPARSE_MODE_CAUSAL = 3
@@ -79,12 +79,12 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
         n = md.num_actual_tokens
         key_cache, value_cache, _ = plane_views(kv_cache, md.plane_factor)
         if self.kv_sharing_target_layer_name is None:
-            npu_reshape_and_cache(
-                key=key[:n].view(n, self.num_kv_heads, self.head_size),
-                value=value[:n].view(n, self.num_kv_heads, self.head_size),
-                key_cache=key_cache, value_cache=value_cache,
-                slot_indices=md.slot_indices,
-            )
+            # The writer takes no strided input: a split of the fused QKV projection is
+            # strided (copied here, as vllm-ascend does); a normed/rotated key is not.
+            npu_scatter_pa_kv_cache(
+                key[:n].view(n, self.num_kv_heads, self.head_size).contiguous(),
+                value[:n].view(n, self.num_kv_heads, self.head_size).contiguous(),
+                key_cache, value_cache, md.slot_indices, cache_mode="Norm")
         if n == 0:
             return output
         if md.split is None:

@@ -22,7 +22,6 @@ from vllm.v1.attention.backend import (
 )
 
 from vllm_ascend_ext.attention.sfa.metadata import AscendSFAMetadata
-from vllm_ascend_ext.ops.counting import mark_step
 
 
 class SfaBatchError(ValueError):
@@ -83,7 +82,6 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
         if cam.causal is not True:
             raise SfaBatchError("SFA serves causal decoder attention only (causal=False given)")
         kind = step_kind(query_lens)
-        mark_step(kind)
         # .to() returns the tensor itself when the dtype already matches: no copy.
         slots = cam.slot_mapping[:t].to(torch.int64)
         block_table = cam.block_table_tensor[:b].to(torch.int32)

@@ -1,13 +1,16 @@
 """Per-layer forward of the SFA backend.
 
     preprocess (native chain | npu_mla_prolog_v3)  -> latent query, rope query, c^Q;
-                                                      latent + rope written to the cache
+                                                      latent + rope key written to their caches
     indexer K stage (one wk_weights_proj GEMM)     -> indexer key written, weights tail
     indexer top-k stage                            -> npu_lightning_indexer
     npu_sparse_flash_attention                     -> latent output
     per-head W_UV                                  -> output [T, N * Dv]
 
-Everything per step (slots, lengths, block table, cos/sin) comes from the metadata.
+The layer hands in what it owns: its projections (``SfaProjections``), the weights
+derived from them after loading (``SfaWeights``) and its three paged caches
+(``SfaCaches``). Everything per step (slots, lengths, block table, cos/sin) comes from
+the metadata.
 """
 
 from __future__ import annotations
@@ -16,101 +19,83 @@ import torch
 from torch.profiler import record_function
 
 from vllm_ascend_ext.attention.sfa import indexer
-from vllm_ascend_ext.attention.sfa.layout import SfaRow
+from vllm_ascend_ext.attention.sfa.caches import SfaCaches
 from vllm_ascend_ext.attention.sfa.metadata import AscendSFAMetadata
+from vllm_ascend_ext.attention.sfa.projections import SfaProjections
+from vllm_ascend_ext.attention.sfa.weights import SfaWeights
 from vllm_ascend_ext.ops.kv_rmsnorm_rope_cache import npu_kv_rmsnorm_rope_cache
 from vllm_ascend_ext.ops.mla_prolog import npu_mla_prolog_v3
 from vllm_ascend_ext.ops.norm import npu_rms_norm
 from vllm_ascend_ext.ops.quant import npu_dynamic_quant
 from vllm_ascend_ext.ops.rope import npu_interleave_rope
 from vllm_ascend_ext.ops.sparse_flash_attention import npu_sparse_flash_attention
-from vllm_ascend_ext.quantization.w8a8_dynamic import apply_prequantized, is_w8a8
 
 
 class AscendSFAImpl:
     def __init__(self, *, num_heads: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
-                 v_head_dim: int, row: SfaRow, scale: float, index_n_heads: int,
-                 index_topk: int, indexer_rope_neox: bool, rms_eps: float,
-                 k_norm_eps: float = 1e-6) -> None:
+                 v_head_dim: int, scale: float, indexer_spec: indexer.IndexerSpec,
+                 rms_eps: float) -> None:
         self.num_heads = num_heads
         self.d_nope = qk_nope_head_dim
         self.d_rope = qk_rope_head_dim
         self.d_v = v_head_dim
-        self.row = row
         self.scale = float(scale)
-        self.index_n_heads = index_n_heads
-        self.index_topk = index_topk
-        self.indexer_rope_neox = indexer_rope_neox
+        self.indexer = indexer_spec
         self.rms_eps = rms_eps
-        self.k_norm_eps = k_norm_eps
 
     # -- preprocessing -------------------------------------------------------
-    def _native(self, attn, w, x, meta, latent, rope):
+    def _native(self, p: SfaProjections, w: SfaWeights, x, meta, caches: SfaCaches):
         t, n = x.shape[0], self.num_heads
         cos4, sin4 = meta.cos.view(t, 1, 1, -1), meta.sin.view(t, 1, 1, -1)
-        q_c, _ = npu_rms_norm(attn.q_a_proj(x)[0], attn.q_a_layernorm.weight, self.rms_eps)
-        q = attn.q_b_proj(q_c)[0].view(t, n, self.d_nope + self.d_rope)
+        q_c, _ = npu_rms_norm(p.q_a_proj(x)[0], p.q_a_layernorm.weight, self.rms_eps)
+        q = p.q_b_proj(q_c)[0].view(t, n, self.d_nope + self.d_rope)
         q_nope, q_pe = q.split([self.d_nope, self.d_rope], dim=-1)
-        ql_nope = torch.bmm(q_nope.transpose(0, 1), w.w_uk).transpose(0, 1)     # [T, N, Hckv]
+        # [T, N, Hckv], contiguous (SFA takes no strided query): bmm writes through the
+        # transposed view of a contiguous buffer.
+        ql_nope = x.new_empty(t, n, w.w_uk.shape[-1])
+        torch.bmm(q_nope.transpose(0, 1), w.w_uk, out=ql_nope.transpose(0, 1))
         q_pe = npu_interleave_rope(q_pe.unsqueeze(2), cos4, sin4).squeeze(2)
-        kv = attn.kv_a_proj_with_mqa(x)[0]
-        npu_kv_rmsnorm_rope_cache(kv.view(t, 1, 1, -1), attn.kv_a_layernorm.weight, cos4, sin4,
-                                  meta.slot_indices, rope, latent, epsilon=self.rms_eps,
-                                  cache_mode="PA")
+        kv = p.kv_a_proj_with_mqa(x)[0]
+        npu_kv_rmsnorm_rope_cache(kv.view(t, 1, 1, -1), p.kv_a_layernorm.weight, cos4, sin4,
+                                  meta.slot_indices, caches.rope, caches.latent,
+                                  epsilon=self.rms_eps, cache_mode="PA")
         return ql_nope, q_pe, q_c, None
 
-    def _prolog(self, attn, w, x, meta, latent, rope):
-        p = w.prolog
+    def _prolog(self, p: SfaProjections, w: SfaWeights, x, meta, caches: SfaCaches):
+        pw = w.prolog
         kw = dict(cache_index=meta.slot_indices, rmsnorm_epsilon_cq=self.rms_eps,
                   rmsnorm_epsilon_ckv=self.rms_eps, cache_mode="PA_BSND", query_norm_flag=True)
         token_x = x
-        if p.quantized:
+        if pw.quantized:
             token_x, sx = npu_dynamic_quant(x)
-            kw.update(dequant_scale_x=sx.view(-1, 1), dequant_scale_w_dq=p.scale_dq,
-                      dequant_scale_w_uq_qr=p.scale_uq_qr, dequant_scale_w_dkv_kr=p.scale_dkv_kr,
+            kw.update(dequant_scale_x=sx.view(-1, 1), dequant_scale_w_dq=pw.scale_dq,
+                      dequant_scale_w_uq_qr=pw.scale_uq_qr, dequant_scale_w_dkv_kr=pw.scale_dkv_kr,
                       weight_quant_mode=2)
         ql_nope, q_pe, _, q_c, q_c_scale = npu_mla_prolog_v3(
-            token_x, p.w_dq, p.w_uq_qr, w.w_uk, p.w_dkv_kr, attn.q_a_layernorm.weight,
-            attn.kv_a_layernorm.weight, meta.sin, meta.cos, latent, rope, **kw)
-        return ql_nope, q_pe, q_c, q_c_scale
+            token_x, pw.w_dq, pw.w_uq_qr, w.w_uk, pw.w_dkv_kr, p.q_a_layernorm.weight,
+            p.kv_a_layernorm.weight, meta.sin, meta.cos, caches.latent, caches.rope, **kw)
+        # Unquantized, the scale output is an empty placeholder: c^Q is plain.
+        return ql_nope, q_pe, q_c, q_c_scale if pw.quantized else None
 
     # -- forward ---------------------------------------------------------------
-    def forward(self, layer, hidden_states: torch.Tensor, output: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AscendSFAMetadata | None) -> None:
-        if meta is None:          # profiling / dummy run without metadata
-            output.zero_()
-            return
-        attn, w = layer.owner, layer.weights
+    def forward(self, p: SfaProjections, w: SfaWeights, hidden_states: torch.Tensor,
+                output: torch.Tensor, caches: SfaCaches, meta: AscendSFAMetadata) -> None:
         t = meta.num_actual_tokens
         x = hidden_states[:t]
-        latent, rope, index_key = self.row.views(kv_cache)
         pre, route = (self._prolog, "prolog") if w.prolog else (self._native, "native")
         with record_function(f"ascend_ext.sfa.preprocess.{route}"):
-            ql_nope, q_pe, q_c, q_c_scale = pre(attn, w, x, meta, latent, rope)
+            ql_nope, q_pe, q_c, q_c_scale = pre(p, w, x, meta, caches)
         with record_function("ascend_ext.sfa.indexer"):
-            ix = attn.indexer
-            key_rows = self.row.rows(kv_cache).view(-1, self.row.width)[:, -self.row.index_key:]
-            tail = indexer.k_stage(ix, x, meta.cos, meta.sin, key_rows, meta.slot_indices,
-                                   index_head_dim=self.row.index_key,
-                                   neox=self.indexer_rope_neox, eps=self.k_norm_eps)
-
-            def wq_b(qc):
-                if q_c_scale is None:
-                    return ix.wq_b(qc)[0]
-                if is_w8a8(ix.wq_b):
-                    return apply_prequantized(ix.wq_b, qc, q_c_scale, x.dtype)
-                return ix.wq_b((qc.float() * q_c_scale).to(x.dtype))[0]
-
-            topk = indexer.topk_stage(ix, x, q_c, tail, meta.cos, meta.sin, index_key, meta,
-                                      n_heads=self.index_n_heads,
-                                      index_head_dim=self.row.index_key, topk=self.index_topk,
-                                      neox=self.indexer_rope_neox, wq_b_apply=wq_b)
+            tail = indexer.k_stage(self.indexer, p.indexer, x, meta, caches.index_key)
+            q = p.indexer_query(q_c, q_c_scale, x.dtype)
+            topk = indexer.topk_stage(self.indexer, p.indexer, x, q, tail, meta,
+                                      caches.index_key)
         with record_function("ascend_ext.sfa.attention"):
             out, _, _ = npu_sparse_flash_attention(
-                ql_nope, latent, latent, topk, self.scale, block_table=meta.block_table,
-                actual_seq_lengths_query=meta.cu_seqlens_q, actual_seq_lengths_kv=meta.seq_lens,
-                query_rope=q_pe, key_rope=rope, sparse_block_size=1, layout_query="TND",
-                layout_kv="PA_BSND", sparse_mode=3, attention_mode=2)
+                ql_nope, caches.latent, caches.latent, topk, self.scale,
+                block_table=meta.block_table, actual_seq_lengths_query=meta.cu_seqlens_q,
+                actual_seq_lengths_kv=meta.seq_lens, query_rope=q_pe, key_rope=caches.rope,
+                sparse_block_size=1, layout_query="TND", layout_kv="PA_BSND", sparse_mode=3,
+                attention_mode=2)
             o = torch.bmm(out.transpose(0, 1), w.w_uv)                           # [N, T, Dv]
             output[:t].view(t, self.num_heads, self.d_v).copy_(o.transpose(0, 1))
-

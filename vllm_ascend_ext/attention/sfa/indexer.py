@@ -21,6 +21,15 @@ from vllm_ascend_ext.ops.rope import deinterleave
 
 
 @dataclass(frozen=True)
+class IndexerSpec:
+    n_heads: int                   # Ni
+    head_dim: int                  # Di
+    topk: int                      # index_topk
+    neox: bool                     # RoPE convention of the indexer's rope part
+    k_norm_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
 class IndexerTail:
     weights: torch.Tensor          # [T, Ni] raw weights_proj output (the GEMM tail)
     source: torch.Tensor           # the hidden states it was computed from
@@ -42,31 +51,29 @@ def same_source(a: torch.Tensor, b: torch.Tensor) -> bool:
                       and a.stride() == b.stride() and a.dtype == b.dtype)
 
 
-def k_stage(weights_mod, x, cos, sin, key_cache_rows, slots, *, index_head_dim, neox, eps):
+def k_stage(spec: IndexerSpec, ix, x, meta, key_cache) -> IndexerTail:
     """One GEMM -> (key written to the cache, weights tail handed on)."""
-    kw = weights_mod.wk_weights_proj(x)[0]                       # the only wk_weights_proj GEMM
-    k, tail = kw.split([index_head_dim, kw.shape[-1] - index_head_dim], dim=-1)
-    norm = weights_mod.k_norm
-    k = F.layer_norm(k, (index_head_dim,), norm.weight, norm.bias, eps)
-    k = rope_first(k, cos, sin, neox)
-    key_cache_rows.index_put_((slots,), k.to(key_cache_rows.dtype))
+    kw = ix.wk_weights_proj(x)[0]                                # the only wk_weights_proj GEMM
+    k, tail = kw.split([spec.head_dim, kw.shape[-1] - spec.head_dim], dim=-1)
+    k = F.layer_norm(k, (spec.head_dim,), ix.k_norm.weight, ix.k_norm.bias, spec.k_norm_eps)
+    k = rope_first(k, meta.cos, meta.sin, spec.neox)
+    rows = key_cache.view(-1, spec.head_dim)                     # contiguous: a view
+    rows.index_put_((meta.slot_indices,), k.to(rows.dtype))
     return IndexerTail(tail, x)
 
 
-def topk_stage(weights_mod, x, q_c, tail: IndexerTail, cos, sin, key_cache, meta, *,
-               n_heads, index_head_dim, topk, neox, wq_b_apply):
-    """Indexer query, per-head weights and the top-k token selection."""
+def topk_stage(spec: IndexerSpec, ix, x, q, tail: IndexerTail, meta, key_cache) -> torch.Tensor:
+    """Per-head weights, the rotated indexer query ``q`` [T, Ni * Di], and the top-k
+    token selection over the paged indexer keys."""
     if same_source(x, tail.source):
         w = tail.weights
     else:  # fallback: a different hidden-state tensor -> recompute the weights part only
-        full = weights_mod.wk_weights_proj.weight
-        w = F.linear(x, full[index_head_dim:])
-    t = x.shape[0]
-    q = wq_b_apply(q_c).view(t, n_heads, index_head_dim)
-    q = rope_first(q, cos[:, None], sin[:, None], neox)
-    weights = w * (n_heads ** -0.5 * index_head_dim ** -0.5)
+        w = F.linear(x, ix.wk_weights_proj.weight[spec.head_dim:])
+    q = rope_first(q.view(x.shape[0], spec.n_heads, spec.head_dim), meta.cos[:, None],
+                   meta.sin[:, None], spec.neox)
+    weights = w * (spec.n_heads ** -0.5 * spec.head_dim ** -0.5)
     idx, _ = npu_lightning_indexer(
         q, key_cache, weights, actual_seq_lengths_query=meta.cu_seqlens_q,
         actual_seq_lengths_key=meta.seq_lens, block_table=meta.block_table,
-        layout_query="TND", layout_key="PA_BSND", sparse_count=topk, sparse_mode=3)
+        layout_query="TND", layout_key="PA_BSND", sparse_count=spec.topk, sparse_mode=3)
     return idx

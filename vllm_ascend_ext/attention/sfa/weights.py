@@ -2,8 +2,9 @@
 
 - ``w_uk`` [N, D, Hckv] and ``w_uv`` [N, Hckv, Dv]: ``kv_b_proj`` split per head
   (absorbed MLA: queries move into the latent space, outputs move out of it);
-- on the fused route, the prolog's weight set in its own layout (``[in, out]``;
-  the NPU additionally casts to FRACTAL_NZ) plus W8A8 dequant scales;
+- on the fused route, the prolog's weight set in its own layout (``[in, out]``), cast
+  once to FRACTAL_NZ (``npu_format_cast``: the operator takes ``weight_dq``,
+  ``weight_uq_qr`` and ``weight_dkv_kr`` in no other format), plus W8A8 dequant scales;
 - on KV consumers with the fused route, the native-chain ("fallback") weights of
   ``q_a_proj`` / ``q_b_proj`` / ``kv_a_proj_with_mqa`` are disposed; the freed
   bytes are reported.
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_ascend_ext.attention.sfa.projections import SfaProjections
+from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, npu_format_cast
 from vllm_ascend_ext.quantization.w8a8_dynamic import is_w8a8
 
 PROLOG_SOURCES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa")
@@ -48,26 +51,29 @@ def dense_weight(linear) -> torch.Tensor:
 
 def _prolog_layout(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     if is_w8a8(linear):          # already [in, out] int8 (contiguous: no copy)
-        return linear.weight.contiguous(), linear.weight_scale.view(1, -1)
-    return linear.weight.t().contiguous(), None
+        w, scale = linear.weight.contiguous(), linear.weight_scale.view(1, -1)
+    else:
+        w, scale = linear.weight.t().contiguous(), None
+    return npu_format_cast(w, ACL_FORMAT_FRACTAL_NZ), scale
 
 
-def prepare(attn, *, route: str, dispose_fallback: bool) -> SfaWeights:
-    n, d, dv = attn.num_local_heads, attn.qk_nope_head_dim, attn.v_head_dim
-    kvb = dense_weight(attn.kv_b_proj).reshape(n, d + dv, -1)
+def prepare(proj: SfaProjections, *, heads: int, nope_dim: int, v_dim: int, route: str,
+            dispose_fallback: bool) -> SfaWeights:
+    n, d, dv = heads, nope_dim, v_dim
+    kvb = dense_weight(proj.kv_b_proj).reshape(n, d + dv, -1)
     w_uk = kvb[:, :d].contiguous()
     w_uv = kvb[:, d:].transpose(1, 2).contiguous()
     prolog = None
     freed = 0
     if route == "prolog_v3":
         (w_dq, s_dq), (w_uq, s_uq), (w_kv, s_kv) = (
-            _prolog_layout(getattr(attn, name)) for name in PROLOG_SOURCES)
-        quantized = is_w8a8(attn.q_a_proj)
+            _prolog_layout(getattr(proj, name)) for name in PROLOG_SOURCES)
+        quantized = is_w8a8(proj.q_a_proj)
         prolog = PrologWeights(w_dq, w_uq, w_kv, quantized, s_dq, s_uq, s_kv)
         if dispose_fallback:
             keep = {p.data_ptr() for p in (w_dq, w_uq, w_kv)}
             for name in PROLOG_SOURCES:
-                lin = getattr(attn, name)
+                lin = getattr(proj, name)
                 if lin.weight.data_ptr() not in keep:
                     freed += lin.weight.numel() * lin.weight.element_size()
                 lin.weight = torch.nn.Parameter(lin.weight.new_empty(0), requires_grad=False)
