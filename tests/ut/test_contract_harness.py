@@ -10,6 +10,7 @@ import torch
 
 from vllm_ascend_ext.contract import docs, harness, metas, mode, op_rules, schemas
 from vllm_ascend_ext.contract.harness import ContractViolation, Harness
+from vllm_ascend_ext.errors import AscendExtError
 from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
 from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, npu_format, npu_format_cast
 from vllm_ascend_ext.ops.kv_cache import npu_scatter_pa_kv_cache
@@ -237,6 +238,13 @@ def test_the_harness_pretends_each_soc_family(contract, soc):
     npu_rms_norm(torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16))
     assert h.calls["npu_fused_infer_attention_score"] == 1
     assert metas.Pretend.soc_version == from_name(soc).version  # what the metas read
+
+
+def test_contract_mode_refuses_fp32_models():
+    mode.require_npu_dtype(torch.bfloat16)
+    mode.require_npu_dtype(torch.float16)
+    with pytest.raises(AscendExtError, match=r"model dtype is float32 \(pass --dtype bfloat16\)"):
+        mode.require_npu_dtype(torch.float32)
 
 
 def test_contract_mode_value_is_validated(monkeypatch):

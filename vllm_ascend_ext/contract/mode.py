@@ -26,6 +26,19 @@ def enabled() -> bool:
     raise AscendExtError(f"{ENV}={raw!r}: expected 0 or 1")
 
 
+NPU_DTYPES = ("bfloat16", "float16")
+
+
+def require_npu_dtype(dtype) -> None:
+    """Contract mode checks calls as the NPU takes them: the model runs in bf16 or fp16
+    (the emulation's fp32 relaxation is for exact tests, never for contract runs)."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in NPU_DTYPES:
+        raise AscendExtError(
+            f"{ENV}=1 runs the model as the NPU would, in {' or '.join(NPU_DTYPES)}; the "
+            f"model dtype is {name} (pass --dtype bfloat16)")
+
+
 def log_summary() -> None:
     from vllm.logger import init_logger
 

@@ -58,6 +58,8 @@ class EmulatedAscendPlatform(CpuPlatform):
         validate_plugin_config(vllm_config)
         cls.soc()  # a bad ASCEND_EXT_SOC fails here, before the engine starts
         if contract_mode.enabled():  # a bad ASCEND_EXT_NPU_CONTRACT fails here too
+            if vllm_config.model_config is not None:
+                contract_mode.require_npu_dtype(vllm_config.model_config.dtype)
             logger.info_once("ascend_ext: NPU contract mode: every torch_npu call is checked "
                              "against torch-npu %s (pretending %s)", ORACLE_VERSION,
                              cls.soc().name)
