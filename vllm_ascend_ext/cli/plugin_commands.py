@@ -54,5 +54,28 @@ class TinyModelPathCommand(PluginCommand):
         return parser
 
 
+class DoctorCommand(PluginCommand):
+    """``doctor [--json]``: versions, SoC, devices, the compiled library, the NPU platform's
+    facts and the contract oracle, read without starting the NPU runtime."""
+
+    name = "doctor"
+
+    @staticmethod
+    def cmd(args: argparse.Namespace) -> int:
+        from vllm_ascend_ext.cli.doctor import run
+
+        return run(args)
+
+    def subparser_init(self, subparsers):
+        parser = subparsers.add_parser(
+            self.name, help="Report what this machine gives the plugin (exit 1 if unhealthy).",
+            description="Report torch / vLLM / torch_npu / CANN versions, the SoC (real or "
+            "emulated), NPU devices, whether _C_ascend_ext is built and for which dispatch "
+            "keys, the NPU platform's worker, attention and graph facts, and whether the NPU "
+            "contract's oracle is at hand. Exit 0 when the plugin can serve here.")
+        parser.add_argument("--json", action="store_true", help="print JSON")
+        return parser
+
+
 def plugin_commands() -> list[PluginCommand]:
-    return [TinyModelPathCommand()]
+    return [TinyModelPathCommand(), DoctorCommand()]

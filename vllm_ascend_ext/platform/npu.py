@@ -12,8 +12,10 @@ import torch
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
+from vllm_ascend_ext import envs
 from vllm_ascend_ext.contract import mode as contract_mode
 from vllm_ascend_ext.errors import AscendExtError
+from vllm_ascend_ext.platform import npu_host, versions
 from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.config_hooks import (
     apply_quant_description,
@@ -26,6 +28,9 @@ from vllm_ascend_ext.platform.selection import preflight, select_attention_backe
 logger = init_logger("vllm.ascend_ext")
 
 PLATFORM_NAME = "ascend_ext-npu"
+# vLLM's CUDA worker, which raises "Unsupported device type: npu": the plugin's own NPU
+# worker is open work (README, "What awaits an NPU"); `doctor` reports it.
+WORKER_CLS = "vllm.v1.worker.gpu_worker.Worker"
 
 
 class AscendNPUPlatform(Platform):
@@ -40,9 +45,25 @@ class AscendNPUPlatform(Platform):
 
     @classmethod
     def soc(cls) -> soc_table.Soc:
-        import torch_npu  # noqa: F401  (only ever imported on an NPU host)
+        """The chip, without starting the NPU runtime (``platform/npu_host.py``):
+        ``ASCEND_EXT_SOC`` if set, else what ``npu-smi`` reports."""
+        name = envs.emulated_soc_name() or npu_host.query_soc_name()
+        if name is None:
+            raise AscendExtError(
+                f"cannot tell this host's Ascend SoC: {npu_host.NPU_SMI} is missing or failed "
+                f"(the plugin does not start the NPU runtime in the serving process to ask); "
+                f"set {envs.SOC}=<chip>, e.g. ascend910b2, ascend910_9391, ascend950")
+        try:
+            return soc_table.from_name(name)
+        except soc_table.UnknownSocError as exc:
+            raise AscendExtError(f"SoC {name!r} (from {envs.SOC} or npu-smi): {exc}") from None
 
-        return soc_table.from_version(int(torch.npu.get_soc_version()))
+    @classmethod
+    def check_stack(cls) -> None:
+        """torch / torch_npu / CANN versions, read without importing torch_npu."""
+        versions.check_npu_stack(torch.__version__,
+                                 npu_host.distribution_version("torch-npu"),
+                                 npu_host.cann_version())
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
@@ -69,6 +90,17 @@ class AscendNPUPlatform(Platform):
         return True
 
     @classmethod
+    def worker_cls_path(cls) -> str:
+        return WORKER_CLS
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        # Attention is one opaque custom op (as on the emulated platform, which inherits
+        # it from vLLM's CPU platform): a compiled graph never traces FIA's per-step host
+        # lists.
+        return True
+
+    @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
         return select_attention_backend(PLATFORM_NAME, cls.soc(), attn_selector_config)
 
@@ -79,10 +111,11 @@ class AscendNPUPlatform(Platform):
             raise AscendExtError(
                 f"{contract_mode.ENV}=1 is for the emulated platform (ASCEND_EXT_EMULATE=1): "
                 "on an NPU the operators themselves are the contract")
+        cls.check_stack()
         soc = soc_table.require_supported(cls.soc())
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
-            parallel.worker_cls = "vllm.v1.worker.gpu_worker.Worker"
+            parallel.worker_cls = WORKER_CLS
         apply_quant_description(vllm_config)
         cache = vllm_config.cache_config
         if is_sparse_mla_model(vllm_config.model_config):

@@ -1,7 +1,7 @@
 """Ascend SoC identities: torch_npu's ``get_soc_version()`` numbers and names.
 
-One table, used by the real platform (from the runtime number), the emulated one
-(from ``ASCEND_EXT_SOC``), and every gate that depends on the chip. Numbers from
+One table, used by the real platform (from ``npu-smi``'s chip name or ``ASCEND_EXT_SOC``),
+the emulated one (from ``ASCEND_EXT_SOC``), and every gate that depends on the chip. Numbers from
 torch_npu's ``c10_npu::SocVersion`` (see ``shared/npu-ops.md`` section 6).
 """
 

@@ -1,0 +1,43 @@
+"""``doctor``: what this machine gives the plugin, read without the NPU runtime."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+
+from vllm_ascend_ext.cli import doctor
+from vllm_ascend_ext.platform import npu_host
+
+
+def test_reports_the_npu_platform_facts_and_is_healthy_for_emulation(monkeypatch, capsys):
+    monkeypatch.setattr(doctor.glob, "glob", lambda pattern: [])       # no NPU devices
+    assert doctor.run(Namespace(json=True)) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["healthy"] and data["problems"] == []
+    assert data["host"]["mode"].startswith("emulation")
+    platform = data["npu_platform"]
+    assert platform["opaque_attention"] is True and platform["distributed_backend"] == "hccl"
+    assert "UNIFORM_BATCH" in platform["graph_mode"] and "--enforce-eager" in platform["graph_mode"]
+    assert data["stack"]["torch"].startswith("2.13")
+    assert data["extension"]["built"] is (data["extension"]["ops"] != [])
+    assert data["contract_oracle"]["version"] == "2.13.0"
+
+
+def test_an_npu_host_with_a_wrong_stack_is_unhealthy_with_reasons(monkeypatch, capsys):
+    monkeypatch.setattr(doctor.glob, "glob", lambda pattern: ["/dev/davinci0"])
+    versions = {"torch-npu": "2.9.0", "vllm": "0.32.0"}
+    monkeypatch.setattr(npu_host, "distribution_version", lambda name: versions.get(name))
+    monkeypatch.setattr(npu_host, "cann_version", lambda home=None: "8.3.RC1")
+    monkeypatch.setenv("ASCEND_EXT_SOC", "ascend910_9391")
+    assert doctor.run(Namespace(json=False)) == 1
+    out = capsys.readouterr().out
+    assert "mode: npu" in out and "family: A3" in out and "source: ASCEND_EXT_SOC" in out
+    assert "stack: torch_npu 2.9.0 does not match torch" in out
+    assert "worker: the NPU platform still names vllm.v1.worker.gpu_worker.Worker" in out
+
+
+def test_an_unknown_soc_is_a_problem(monkeypatch):
+    monkeypatch.setattr(doctor.glob, "glob", lambda pattern: [])
+    monkeypatch.setenv("ASCEND_EXT_SOC", "ascend999")
+    data, problems = doctor.report()
+    assert not data["healthy"] and problems[0].startswith("SoC: unknown Ascend SoC 'ascend999'")

