@@ -87,10 +87,10 @@ def test_w8a8_model_takes_the_fused_prolog_and_matches_the_native_chain(dsa):
     assert fused["tokens"] != float_run["tokens"]     # the quantized weights are really used
 
 
-def test_prefill_decode_disaggregation_moves_whole_cache_rows(dsa, tmp_path):
+def test_prefill_decode_disaggregation_moves_all_three_caches(dsa, tmp_path):
     """KV producer -> storage -> KV consumer (vLLM's ExampleConnector, layer-wise hooks).
 
-    The consumer loads the producer's latent | rope | indexer-key rows for the prompts'
+    The consumer loads the producer's latent, rope-key and indexer-key caches for the prompts'
     full blocks, takes the fused prolog (unquantized layer on a KV consumer), disposes
     the fallback weights, and must generate what a plain engine generates. A producer
     with other weights (the W8A8 model) is the negative control.

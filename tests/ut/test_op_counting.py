@@ -45,3 +45,14 @@ def test_steps_are_opened_by_the_watched_builder_and_the_builder_is_restored():
     assert [s.kind for s in c.steps] == ["before-first-step", "prefill", "decode"]
     assert c.steps[1].ops["aten.mul"] == 1 and "aten.mul" not in c.steps[2].ops
     assert _Builder.build is original
+
+
+class _SubBuilder(_Builder):
+    """``build`` inherited: wrapped on the subclass while counting, then removed."""
+
+
+def test_an_inherited_build_is_wrapped_and_restored():
+    with OpCounter(steps_of=_SubBuilder) as c:
+        _SubBuilder().build("decode")
+    assert [s.kind for s in c.steps] == ["before-first-step", "decode"]
+    assert "build" not in _SubBuilder.__dict__ and _SubBuilder.build is _Builder.build

@@ -117,7 +117,7 @@ def test_sparse_mla_gets_the_sfa_backend():
     from vllm_ascend_ext.platform.selection import SFA_BACKEND_PATH
 
     assert select_attention_backend(
-        "t", from_name("a3"), _sel(head_size=704, use_mla=True, use_sparse=True)
+        "t", from_name("a3"), _sel(head_size=512, use_mla=True, use_sparse=True)
     ) == SFA_BACKEND_PATH
 
 

@@ -43,3 +43,38 @@ def test_without_a_connector_the_body_just_runs():
     ran = []
     run_with_kv_transfer(["a", "b", "c"], lambda: ran.append(1))
     assert ran == [1]
+
+
+def test_with_a_connector_every_cache_is_awaited_before_and_saved_after(monkeypatch):
+    import vllm.distributed.kv_transfer as kvt
+    import vllm.model_executor.layers.attention.attention as attention
+
+    events = []
+
+    class Connector:
+        def has_connector_metadata(self):
+            return True
+
+        def wait_for_layer_load(self, name):
+            events.append(("wait", name))
+
+        def save_kv_layer(self, name, kv_cache, attn_metadata):
+            events.append(("save", name, kv_cache, attn_metadata))
+
+    monkeypatch.setattr(kvt, "has_kv_transfer_group", lambda: True)
+    monkeypatch.setattr(kvt, "is_v1_kv_transfer_group", lambda: True)
+    monkeypatch.setattr(kvt, "get_kv_transfer_group", lambda: Connector())
+    monkeypatch.setattr(attention, "get_attention_context",
+                        lambda name: (f"md:{name}", None, f"kv:{name}", None))
+    names = ["l.attn", "l.attn.k_rope_cache", "l.attn.indexer_k_cache"]
+    run_with_kv_transfer(names, lambda: events.append(("body",)))
+    assert events == ([("wait", n) for n in names] + [("body",)]
+                      + [("save", n, f"kv:{n}", f"md:{n}") for n in names])
+
+
+def test_both_platforms_accept_several_cache_layers_per_layer_index():
+    from vllm_ascend_ext.platform.emulated import EmulatedAscendPlatform
+    from vllm_ascend_ext.platform.npu import AscendNPUPlatform
+
+    AscendNPUPlatform.check_runner_kv_caches_multi_layer()
+    EmulatedAscendPlatform.check_runner_kv_caches_multi_layer()

@@ -115,6 +115,21 @@ def test_builder_derives_int64_slots_once_and_drops_padding(slot_dtype, casts):
     assert md.cos.shape == (sum(Q_LENS), DR)
 
 
+def test_negative_slots_inside_the_step_point_at_the_null_block():
+    cam = _cam("cpu")
+    slots = cam.slot_mapping.clone()
+    slots[2] = -1                                      # e.g. a draft token past max_model_len
+    md = _builder("cpu").build(0, CommonAttentionMetadata(**{**cam.__dict__,
+                                                            "slot_mapping": slots}))
+    assert md.slot_indices[2] == 0 and (md.slot_indices >= 0).all()
+
+
+def test_w8a8_kv_b_proj_weights_take_the_activation_dtype():
+    w = prepare(_proj("cpu"), heads=N, nope_dim=DN, v_dim=DV, route="native",
+                dispose_fallback=False, act_dtype=torch.bfloat16)
+    assert w.w_uk.dtype == w.w_uv.dtype == torch.bfloat16
+
+
 def test_builder_refuses_inconsistent_metadata():
     cam = _cam("cpu")
     bad = CommonAttentionMetadata(**{**cam.__dict__, "num_actual_tokens": 3})

@@ -78,8 +78,13 @@ def plane_block_table(block_table: torch.Tensor, factor: int) -> torch.Tensor:
     return (block_table * factor).to(torch.int32)
 
 
+NULL_SLOT = 0  # slot 0 of vLLM's null block (block 0, reserved by its BlockPool, never read)
+
+
 def plane_slots(slots: torch.Tensor, block_size: int, factor: int) -> torch.Tensor:
-    """Token slots ``block * block_size + offset`` -> slots in the plane run (int32);
-    negative slots (vLLM's padding) stay negative."""
+    """Token slots ``block * block_size + offset`` -> slots in the plane run (int32).
+    A negative slot inside the step (vLLM marks model-drafted tokens past
+    ``max_model_len`` and dummy-run tokens -1) becomes ``NULL_SLOT``: the NPU writer takes
+    slots in ``[0, num_blocks * block_size - 1]`` only, and the null block is never read."""
     planes = (slots // block_size) * (factor * block_size) + slots % block_size
-    return torch.where(slots >= 0, planes, slots).to(torch.int32)
+    return torch.where(slots >= 0, planes, NULL_SLOT).to(torch.int32)

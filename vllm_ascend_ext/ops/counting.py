@@ -143,7 +143,8 @@ class OpCounter(TorchDispatchMode):
 
     def _wrap_builder(self) -> None:
         cls, counter = self._steps_of, self
-        original = cls.__dict__["build"]
+        own = "build" in cls.__dict__
+        original = cls.build
 
         @functools.wraps(original)
         def build(builder, *args, **kwargs):
@@ -152,7 +153,8 @@ class OpCounter(TorchDispatchMode):
             return md
 
         cls.build = build
-        self._unwrap = lambda: setattr(cls, "build", original)
+        self._unwrap = ((lambda: setattr(cls, "build", original)) if own
+                        else (lambda: delattr(cls, "build")))
 
     def __enter__(self):
         if self._steps_of is not None:

@@ -15,7 +15,7 @@ Semantics (torch_npu docs, "场景二"):
   row ``slot % block_size``;
 - ``slot_mapping``: int32 or int64 [T], every value in ``[0, num_blocks * block_size - 1]``
   ("slot_mapping的值范围[0,num_blocks*block_size-1]"): **no negative padding slots**
-  (the FIA builder hands only the step's real tokens), no duplicates;
+  (the FIA builder points negative slots at vLLM's never-read null block), no duplicates;
 - no strided inputs ("输入参数不支持非连续"); all four tensors of one dtype.
 Returns None.
 """

@@ -90,6 +90,13 @@ class AscendNPUPlatform(Platform):
         return True
 
     @classmethod
+    def check_runner_kv_caches_multi_layer(cls) -> None:
+        # An SFA layer declares three cache layers under one layer index (latent, rope
+        # key, indexer key); vLLM's GPU runner, which the NPU runner builds on, handles
+        # several caches per index (CUDA and the CPU platform declare the same).
+        return None
+
+    @classmethod
     def worker_cls_path(cls) -> str:
         return WORKER_CLS
 

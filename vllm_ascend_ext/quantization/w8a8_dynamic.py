@@ -2,8 +2,9 @@
 
 Checkpoint tensors (ModelSlim): ``weight`` int8 [out, in], ``weight_scale`` [out, 1],
 ``weight_offset`` [out, 1] (symmetric: zeros). After loading, the weight is kept as
-``[in, out]`` (the layout ``npu_quant_matmul`` and ``npu_mla_prolog_v3`` take; the
-NPU additionally casts it to FRACTAL_NZ) and the scale as fp32 [out].
+``[in, out]`` (the layout ``npu_quant_matmul`` and ``npu_mla_prolog_v3`` take; the SFA
+layer casts its prolog copy to FRACTAL_NZ, ``attention/sfa/weights.py``) and the scale as
+fp32 [out].
 
 Forward: ``x_q, s_x = npu_dynamic_quant(x)``;
 ``y = npu_quant_matmul(x_q, W, s_w, pertoken_scale=s_x, output_dtype=x.dtype)``.

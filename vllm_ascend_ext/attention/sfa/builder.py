@@ -21,6 +21,7 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
 )
 
+from vllm_ascend_ext.attention.kv_layout import NULL_SLOT
 from vllm_ascend_ext.attention.sfa.metadata import AscendSFAMetadata
 
 
@@ -82,8 +83,11 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
         if cam.causal is not True:
             raise SfaBatchError("SFA serves causal decoder attention only (causal=False given)")
         kind = step_kind(query_lens)
-        # .to() returns the tensor itself when the dtype already matches: no copy.
-        slots = cam.slot_mapping[:t].to(torch.int64)
+        # .to() returns the tensor itself when the dtype already matches: no copy. A
+        # negative slot inside the step (model-drafted tokens past max_model_len, dummy
+        # runs) points at slot 0 of vLLM's null block, which is never read: the indexer
+        # key write would otherwise wrap -1 onto a live block's last row.
+        slots = cam.slot_mapping[:t].to(torch.int64).clamp_min(NULL_SLOT)
         block_table = cam.block_table_tensor[:b].to(torch.int32)
         cu_q = cam.query_start_loc[1 : b + 1].to(torch.int32)
         seq_lens = cam.seq_lens[:b].to(torch.int32)

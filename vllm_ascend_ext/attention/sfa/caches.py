@@ -96,12 +96,16 @@ class SfaCacheLayer(nn.Module, AttentionLayerBase):
         self.width = width
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_cache = torch.tensor([])
-        self.paged: torch.Tensor | None = None
         register_layer(self, prefix)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        paged(kv_cache, self.width)              # refuse a layout the kernels cannot take
         self.kv_cache = kv_cache
-        self.paged = paged(kv_cache, self.width)
+
+    def paged(self) -> torch.Tensor:
+        """The kernels' view of the bound cache (a view, made per call: nothing but
+        ``kv_cache`` holds the cache memory, so vLLM can release it)."""
+        return paged(self.kv_cache, self.width)
 
     def get_attn_backend(self):
         from vllm_ascend_ext.attention.sfa.backend import AscendSFACacheBackend

@@ -89,13 +89,14 @@ class SfaLayer(nn.Module, AttentionLayerBase):
         self.impl = self.attn_backend.get_impl_cls()(**impl_kwargs)
         self.weights: SfaWeights | None = None        # derived from the projections after loading
         self.kv_cache = torch.tensor([])
-        self.paged: torch.Tensor | None = None
         register_layer(self, prefix)
-        self.rope_cache = SfaCacheLayer(width=dims.rope, kv_cache_dtype=self.kv_cache_dtype,
-                                        prefix=f"{prefix}.{ROPE_CACHE}")
-        self.index_cache = SfaCacheLayer(width=dims.index_key, kv_cache_dtype=self.kv_cache_dtype,
-                                         prefix=f"{prefix}.{INDEXER_CACHE}")
-        self.cache_layer_names = (prefix, self.rope_cache.layer_name, self.index_cache.layer_name)
+        # Submodule names equal the cache layers' name suffixes (module path == layer name).
+        setattr(self, ROPE_CACHE, SfaCacheLayer(width=dims.rope, kv_cache_dtype=self.kv_cache_dtype,
+                                                prefix=f"{prefix}.{ROPE_CACHE}"))
+        setattr(self, INDEXER_CACHE, SfaCacheLayer(
+            width=dims.index_key, kv_cache_dtype=self.kv_cache_dtype,
+            prefix=f"{prefix}.{INDEXER_CACHE}"))
+        self.cache_layer_names = (prefix, f"{prefix}.{ROPE_CACHE}", f"{prefix}.{INDEXER_CACHE}")
         sfa_forward_library()
 
     # -- vLLM's layer interface -------------------------------------------------------
@@ -106,19 +107,22 @@ class SfaLayer(nn.Module, AttentionLayerBase):
         return mla_spec(vllm_config, self.dims.latent, self.kv_cache_dtype)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        paged(kv_cache, self.dims.latent)        # refuse a layout the kernels cannot take
         self.kv_cache = kv_cache
-        self.paged = paged(kv_cache, self.dims.latent)
 
     # -- the layer's own -----------------------------------------------------------
     def process_weights_after_loading(self, act_dtype: torch.dtype | None = None) -> SfaWeights:
         impl = self.impl
         self.weights = prepare(self.projections, heads=impl.num_heads, nope_dim=impl.d_nope,
                                v_dim=impl.d_v, route=self.route.preprocess,
-                               dispose_fallback=self.route.dispose_fallback)
+                               dispose_fallback=self.route.dispose_fallback,
+                               act_dtype=act_dtype)
         return self.weights
 
     def caches(self) -> SfaCaches:
-        return SfaCaches(self.paged, self.rope_cache.paged, self.index_cache.paged)
+        """The kernels' views of the three bound caches (views, made per call)."""
+        return SfaCaches(paged(self.kv_cache, self.dims.latent),
+                         getattr(self, ROPE_CACHE).paged(), getattr(self, INDEXER_CACHE).paged())
 
     def run(self, hidden_states: torch.Tensor, output: torch.Tensor, meta) -> None:
         if meta is None:          # profiling / dummy run without metadata

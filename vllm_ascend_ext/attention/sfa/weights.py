@@ -50,7 +50,9 @@ def dense_weight(linear) -> torch.Tensor:
 
 
 def _prolog_layout(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if is_w8a8(linear):          # already [in, out] int8 (contiguous: no copy)
+    # W8A8: already [in, out] int8. The NZ cast is an alias off the NPU and a copy on it
+    # (the ND weight then stays with the linear layer unless the route disposes it).
+    if is_w8a8(linear):
         w, scale = linear.weight.contiguous(), linear.weight_scale.view(1, -1)
     else:
         w, scale = linear.weight.t().contiguous(), None
@@ -58,9 +60,12 @@ def _prolog_layout(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def prepare(proj: SfaProjections, *, heads: int, nope_dim: int, v_dim: int, route: str,
-            dispose_fallback: bool) -> SfaWeights:
+            dispose_fallback: bool, act_dtype: torch.dtype | None = None) -> SfaWeights:
     n, d, dv = heads, nope_dim, v_dim
-    kvb = dense_weight(proj.kv_b_proj).reshape(n, d + dv, -1)
+    kvb = dense_weight(proj.kv_b_proj)
+    if act_dtype is not None:         # a W8A8 kv_b_proj dequantizes to fp32
+        kvb = kvb.to(act_dtype)
+    kvb = kvb.reshape(n, d + dv, -1)
     w_uk = kvb[:, :d].contiguous()
     w_uv = kvb[:, d:].transpose(1, 2).contiguous()
     prolog = None
