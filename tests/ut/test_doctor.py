@@ -6,11 +6,11 @@ import json
 from argparse import Namespace
 
 from vllm_ascend_ext.cli import doctor
-from vllm_ascend_ext.platform import npu_host
+from vllm_ascend_ext.platform import npu_host, probe
 
 
 def test_reports_the_npu_platform_facts_and_is_healthy_for_emulation(monkeypatch, capsys):
-    monkeypatch.setattr(doctor.glob, "glob", lambda pattern: [])       # no NPU devices
+    monkeypatch.setattr(probe, "npu_device_nodes", lambda: [])           # no NPU devices
     assert doctor.run(Namespace(json=True)) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["healthy"] and data["problems"] == []
@@ -24,7 +24,7 @@ def test_reports_the_npu_platform_facts_and_is_healthy_for_emulation(monkeypatch
 
 
 def test_an_npu_host_with_a_wrong_stack_is_unhealthy_with_reasons(monkeypatch, capsys):
-    monkeypatch.setattr(doctor.glob, "glob", lambda pattern: ["/dev/davinci0"])
+    monkeypatch.setattr(probe, "npu_device_nodes", lambda: ["/dev/davinci0"])
     versions = {"torch-npu": "2.9.0", "vllm": "0.32.0"}
     monkeypatch.setattr(npu_host, "distribution_version", lambda name: versions.get(name))
     monkeypatch.setattr(npu_host, "cann_version", lambda home=None: "8.3.RC1")
@@ -37,7 +37,7 @@ def test_an_npu_host_with_a_wrong_stack_is_unhealthy_with_reasons(monkeypatch, c
 
 
 def test_an_unknown_soc_is_a_problem(monkeypatch):
-    monkeypatch.setattr(doctor.glob, "glob", lambda pattern: [])
+    monkeypatch.setattr(probe, "npu_device_nodes", lambda: [])
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend999")
     data, problems = doctor.report()
     assert not data["healthy"] and problems[0].startswith("SoC: unknown Ascend SoC 'ascend999'")

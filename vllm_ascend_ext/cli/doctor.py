@@ -10,7 +10,6 @@ otherwise.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import platform as host_platform
 import shutil
@@ -93,7 +92,9 @@ def report() -> tuple[dict, list[str]]:
     from vllm_ascend_ext.platform import npu_host, versions
 
     problems: list[str] = []
-    devices = sorted(p for p in glob.glob("/dev/davinci*") if p[12:].isdigit())
+    from vllm_ascend_ext.platform import probe
+
+    devices = probe.npu_device_nodes()
     npu_host_here = bool(devices) and npu_host.distribution_version("torch-npu") is not None
     stack = {
         "python": sys.version.split()[0],
