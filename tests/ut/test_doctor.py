@@ -17,7 +17,11 @@ def test_reports_the_npu_platform_facts_and_is_healthy_for_emulation(monkeypatch
     assert data["host"]["mode"].startswith("emulation")
     platform = data["npu_platform"]
     assert platform["opaque_attention"] is True and platform["distributed_backend"] == "hccl"
-    assert "UNIFORM_BATCH" in platform["graph_mode"] and "--enforce-eager" in platform["graph_mode"]
+    assert platform["worker"] == "vllm_ascend_ext.worker.npu_worker.AscendNPUWorker"
+    graphs = platform["graph_mode"]
+    assert graphs["fia_models"]["mode"] == "FULL_DECODE_ONLY"
+    assert "updated per replay" in graphs["fia_models"]["why"]
+    assert graphs["sfa_models"]["mode"] == "NONE" and graphs["builders"]["sfa"] == "NEVER"
     assert data["stack"]["torch"].startswith("2.13")
     assert data["extension"]["built"] is (data["extension"]["ops"] != [])
     assert data["contract_oracle"]["version"] == "2.13.0"
@@ -33,7 +37,10 @@ def test_an_npu_host_with_a_wrong_stack_is_unhealthy_with_reasons(monkeypatch, c
     out = capsys.readouterr().out
     assert "mode: npu" in out and "family: A3" in out and "source: ASCEND_EXT_SOC" in out
     assert "stack: torch_npu 2.9.0 does not match torch" in out
-    assert "worker: the NPU platform still names vllm.v1.worker.gpu_worker.Worker" in out
+    # The plugin's own NPU worker is named: no worker problem, only the stack's.
+    assert "worker: vllm_ascend_ext.worker.npu_worker.AscendNPUWorker" in out
+    assert out.split("problems:")[-1].count("stack:") == 1
+    assert "worker" not in out.split("problems:")[-1]
 
 
 def test_an_unknown_soc_is_a_problem(monkeypatch):

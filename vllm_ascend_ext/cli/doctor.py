@@ -63,22 +63,33 @@ def _oracle() -> dict:
 
 
 def _npu_platform() -> dict:
+    from vllm.config import CUDAGraphMode
+
     from vllm_ascend_ext.attention.fia.backend import AscendFIABackend
     from vllm_ascend_ext.attention.fia.builder import AscendFIAMetadataBuilder
     from vllm_ascend_ext.attention.sfa.backend import DEFAULT_BLOCK_SIZE
     from vllm_ascend_ext.attention.sfa.builder import AscendSFAMetadataBuilder
+    from vllm_ascend_ext.platform.graph_mode import decide_graph_mode
     from vllm_ascend_ext.platform.npu import AscendNPUPlatform
 
     fia = AscendFIAMetadataBuilder._cudagraph_support.name
     sfa = AscendSFAMetadataBuilder._cudagraph_support.name
+    default = CUDAGraphMode.FULL_AND_PIECEWISE  # vLLM's default before the platform hook
+    dense, dense_why = decide_graph_mode(default, enforce_eager=False, sparse=False)
+    sparse, sparse_why = decide_graph_mode(default, enforce_eager=False, sparse=True)
 
     return {
         "class": f"{AscendNPUPlatform.__module__}.{AscendNPUPlatform.__qualname__}",
         "worker": AscendNPUPlatform.worker_cls_path(),
+        "model_runner": "vllm_ascend_ext.worker.npu_model_runner.AscendNPUModelRunner (V1)",
         "opaque_attention": bool(AscendNPUPlatform.opaque_attention_op()),
-        "graph_mode": (f"builders declare FIA {fia}, SFA {sfa}; not validated on an NPU: "
-                       "nothing updates FIA's per-step host lists on graph replay yet, so "
-                       "serve with --enforce-eager until it does"),
+        "graph_mode": {
+            "fia_models": {"mode": dense.name, "why": dense_why},
+            "sfa_models": {"mode": sparse.name, "why": sparse_why},
+            "builders": {"fia": fia, "sfa": sfa},
+            "wrapper": AscendNPUPlatform.get_static_graph_wrapper_cls(),
+            "validated": "not on an NPU yet (graph-task update tested against a stand-in)",
+        },
         "distributed_backend": AscendNPUPlatform.dist_backend,
         "block_size": {"fia": 128, "sfa": DEFAULT_BLOCK_SIZE},
         "fia_backend": AscendFIABackend.get_name(),
@@ -113,12 +124,6 @@ def report() -> tuple[dict, list[str]]:
         except versions.NpuStackError as exc:
             check = str(exc)
             problems.append(f"stack: {exc}")
-        from vllm_ascend_ext.platform.npu import WORKER_CLS
-
-        if not WORKER_CLS.startswith("vllm_ascend_ext."):
-            problems.append(f"worker: the NPU platform still names {WORKER_CLS}, vLLM's CUDA "
-                            "worker, which cannot start on an NPU (the plugin's NPU worker is "
-                            "open work)")
     out = {
         "stack": stack,
         "stack_check": check,

@@ -23,14 +23,17 @@ from vllm_ascend_ext.platform.config_hooks import (
     sfa_block_size,
     validate_plugin_config,
 )
+from vllm_ascend_ext.platform.graph_mode import apply_graph_mode, refuse_unsupported_parallelism
 from vllm_ascend_ext.platform.selection import preflight, select_attention_backend
 
 logger = init_logger("vllm.ascend_ext")
 
 PLATFORM_NAME = "ascend_ext-npu"
-# vLLM's CUDA worker, which raises "Unsupported device type: npu": the plugin's own NPU
-# worker is open work (README, "What awaits an NPU"); `doctor` reports it.
-WORKER_CLS = "vllm.v1.worker.gpu_worker.Worker"
+# The plugin's NPU worker (vLLM's GPU worker, device brought up through torch.npu) and
+# the graph wrapper vLLM's runner captures with (torch.cuda's graph names are routed to
+# torch.npu in the worker process: worker/npu_device.py).
+WORKER_CLS = "vllm_ascend_ext.worker.npu_worker.AscendNPUWorker"
+GRAPH_WRAPPER_CLS = "vllm.compilation.cuda_graph.CUDAGraphWrapper"
 
 
 class AscendNPUPlatform(Platform):
@@ -89,6 +92,47 @@ class AscendNPUPlatform(Platform):
     def is_pin_memory_available(cls) -> bool:
         return True
 
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16]
+
+    def is_sleep_mode_available(self) -> bool:
+        # vLLM's sleep mode is CUDA's cumem allocator; vLLM refuses --enable-sleep-mode.
+        return False
+
+    @classmethod
+    def get_current_memory_usage(cls, device=None) -> float:
+        torch.npu.empty_cache()
+        torch.npu.reset_peak_memory_stats(device)
+        return torch.npu.max_memory_allocated(device)
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise AscendExtError(
+                f"--dtype {str(dtype).removeprefix('torch.')}: the Ascend kernels the plugin "
+                "calls take bfloat16 or float16; serve with --dtype bfloat16")
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        # Decode graphs: FIA's host lists are updated on every replay
+        # (attention/fia/graph_tasks.py); see graph_mode().
+        return True
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        return GRAPH_WRAPPER_CLS
+
+    @classmethod
+    def graph_pool_handle(cls):
+        return torch.npu.graph_pool_handle()
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        # Hybrid models (linear attention beside full attention) await the plugin's
+        # Gated-DeltaNet layers: one KV-cache group kind at a time.
+        return False
+
     @classmethod
     def check_runner_kv_caches_multi_layer(cls) -> None:
         # An SFA layer declares three cache layers under one layer index (latent, rope
@@ -124,6 +168,8 @@ class AscendNPUPlatform(Platform):
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_CLS
         apply_quant_description(vllm_config)
+        apply_graph_mode(vllm_config, sparse=is_sparse_mla_model(vllm_config.model_config))
+        refuse_unsupported_parallelism(vllm_config)
         cache = vllm_config.cache_config
         if is_sparse_mla_model(vllm_config.model_config):
             sfa_block_size(cache)

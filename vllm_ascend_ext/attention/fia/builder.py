@@ -20,6 +20,7 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
+from vllm_ascend_ext.attention.fia import graph_tasks
 from vllm_ascend_ext.attention.fia.gate import LayerTraits, decide
 from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
 from vllm_ascend_ext.attention.fia.plan import BatchMetadataError, host_lists
@@ -44,7 +45,8 @@ def _layer_traits(vllm_config, layer_names, kv_cache_spec) -> LayerTraits:
 class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
     # Decode-only (uniform) batches may be captured; mixed steps always run eager,
     # so a replay can never rewrite a split step. FIA's host lists are fixed at
-    # capture: on the NPU decode graphs must update them on every replay.
+    # capture: on the NPU each captured FIA call is a graph task whose host lists the
+    # runner updates on every replay (graph_tasks.py).
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, *, traits=None,
@@ -70,6 +72,7 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
         self.soc_family = soc_family or "A2"
         self.batch_invariant = bool(batch_invariant)
         self.traits = traits or LayerTraits(kv_cache_spec.head_size, 1, 1)
+        self.graph_tasks = graph_tasks.for_device(vllm_config, device)
         self.stats = SplitStats(",".join(layer_names[:1]) + ("..." if len(layer_names) > 1 else ""))
         weakref.finalize(self, self.stats.log_final)
 
@@ -129,4 +132,5 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
             actual_seq_lengths_q=cu_q,
             actual_seq_lengths_kv=kv_lens,
             split=split,
+            graph_tasks=self.graph_tasks,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -26,3 +27,6 @@ class AscendFIAMetadata:
     # Mixed steps the gate split: one FIA call per span (decode first); else None.
     split: tuple[Span, Span] | None = None
     plane_factor: int = 2  # K/V planes per cache block
+    # On an NPU with decode graphs: the builder's FiaGraphTasks (graph_tasks.py), through
+    # which a captured FIA call becomes a task updated on every replay; else None.
+    graph_tasks: Any = None

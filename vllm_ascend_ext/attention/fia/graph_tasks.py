@@ -1,0 +1,150 @@
+"""FIA inside a captured decode graph: its host lists updated on every replay.
+
+FIA takes the per-request sequence lengths as host lists (``SymInt[]``). A captured NPU
+graph would replay the lists of the capture step forever. torch_npu's graph-task API
+fixes that (``torch_npu.npu.graph_task_*``, documented for Atlas A2/A3):
+
+* capture: each FIA call is issued as ``npu_fused_infer_attention_score.out`` into
+  buffers owned by the graph, with a workspace sized for the worst case
+  (``_npu_fused_infer_attention_score_get_max_workspace``), between
+  ``graph_task_group_begin(stream)`` and ``graph_task_group_end(stream)`` (which returns
+  the task's handle), behind an ``ExternalEvent`` the graph waits on;
+* every replay: on a side stream, for each recorded task, ``graph_task_update_begin
+  (stream, handle)``, the same ``.out`` call with this step's host lists,
+  ``graph_task_update_end(stream)``, then the event is recorded so the graph's FIA waits
+  for its new parameters. The update may be issued after the replay is launched.
+
+``FiaGraphTasks`` holds the tasks of every captured graph (keyed by the graph's token
+count) and does both halves; the device module (``torch.npu``) and the ``.out`` /
+workspace callables are passed in, so the same code runs against a stand-in on a CPU
+(``tests/ut/test_fia_graph_tasks.py``). The runner calls ``update`` after each FULL
+graph replay (``worker/npu_model_runner.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vllm_ascend_ext.attention.fia.plan import BatchMetadataError
+
+# The FIA keywords that change from step to step and are updated on replay.
+HOST_LISTS = ("actual_seq_lengths", "actual_seq_lengths_kv")
+
+
+@dataclass
+class FiaTask:
+    handle: Any                      # graph_task_group_end's handle
+    event: Any                       # ExternalEvent the captured FIA waits on
+    args: tuple                      # (query, key, value) as captured (graph-owned)
+    kwargs: dict                     # everything else but the host lists, incl. out/workspace
+    num_reqs: int                    # length of the host lists at capture
+
+
+@dataclass
+class FiaGraphTasks:
+    device: Any                                  # torch.npu (or a stand-in)
+    fia_out: Callable[..., Any]                  # npu_fused_infer_attention_score.out
+    fia_workspace: Callable[..., torch.Tensor]   # ..._get_max_workspace
+    tasks: dict[int, list[FiaTask]] = field(default_factory=dict)
+    _stream: Any = None
+
+    def capturing(self) -> bool:
+        return bool(self.device.is_current_stream_capturing())
+
+    def capture(self, key: int, args: tuple, kwargs: dict,
+                host_lists: dict[str, Sequence[int]]) -> torch.Tensor:
+        """Issue one FIA call as an updatable task of the graph being captured under
+        ``key``; returns its attention output (a buffer the graph owns)."""
+        _check_lists(host_lists)
+        query = args[0]
+        stream = self.device.current_stream()
+        workspace = self.fia_workspace(*args, **kwargs, **host_lists)
+        attn = torch.empty_like(query)
+        lse = query.new_empty(1)  # softmax_lse_flag=False: a placeholder
+        call = dict(kwargs, workspace=workspace, out=[attn, lse])
+        event = self.device.ExternalEvent()
+        event.wait(stream)
+        event.reset(stream)
+        self.device.graph_task_group_begin(stream)
+        self.fia_out(*args, **call, **host_lists)
+        handle = self.device.graph_task_group_end(stream)
+        self.tasks.setdefault(key, []).append(
+            FiaTask(handle, event, args, call, len(host_lists["actual_seq_lengths"])))
+        return attn
+
+    def update(self, key: int, host_lists: dict[str, Sequence[int]]) -> int:
+        """Re-issue every task of graph ``key`` with this step's host lists (call once
+        per replay of that graph); returns how many tasks were updated."""
+        tasks = self.tasks.get(key, ())
+        if not tasks:
+            return 0
+        _check_lists(host_lists)
+        n = len(host_lists["actual_seq_lengths"])
+        if n != tasks[0].num_reqs:
+            raise BatchMetadataError(
+                f"FIA graph update for the {key}-token graph: {n} requests in this step's "
+                f"host lists, {tasks[0].num_reqs} at capture (the runner must pad the "
+                "batch to the captured size)")
+        if self._stream is None:
+            self._stream = self.device.Stream()
+        stream = self._stream
+        with self.device.stream(stream):
+            for task in tasks:
+                self.device.graph_task_update_begin(stream, task.handle)
+                self.fia_out(*task.args, **task.kwargs, **host_lists)
+                self.device.graph_task_update_end(stream)
+                task.event.record(stream)
+        return len(tasks)
+
+    def clear(self) -> None:
+        self.tasks.clear()
+
+
+def _check_lists(host_lists: dict[str, Sequence[int]]) -> None:
+    if set(host_lists) != set(HOST_LISTS):
+        raise BatchMetadataError(
+            f"FIA graph task host lists: got {sorted(host_lists)}, expected {list(HOST_LISTS)}")
+    q, kv = host_lists["actual_seq_lengths"], host_lists["actual_seq_lengths_kv"]
+    if len(q) != len(kv):
+        raise BatchMetadataError(
+            f"FIA graph task host lists: {len(q)} query ends but {len(kv)} kv lengths")
+
+
+def for_device(vllm_config, device) -> FiaGraphTasks | None:
+    """The builder's graph tasks: on an NPU whose compilation captures full graphs, else
+    None (eager steps, and every non-NPU device, call FIA directly)."""
+    if device is None or torch.device(device).type != "npu" or vllm_config is None:
+        return None
+    mode = vllm_config.compilation_config.cudagraph_mode
+    if mode is None or not mode.has_full_cudagraphs():
+        return None
+    import importlib
+
+    torch_npu = importlib.import_module("torch_npu")
+    return FiaGraphTasks(torch.npu, torch_npu.npu_fused_infer_attention_score.out,
+                         torch_npu._npu_fused_infer_attention_score_get_max_workspace)
+
+
+def update_step(attn_metadata, num_tokens: int) -> int:
+    """After a FULL graph replay: update every FIA graph task of the ``num_tokens`` graph
+    with this step's host lists (``attn_metadata``: the forward context's, layer name ->
+    metadata). Returns how many tasks were updated."""
+    if not attn_metadata:
+        return 0
+    metadatas = attn_metadata.values() if isinstance(attn_metadata, dict) else ()
+    done: set[int] = set()
+    updated = 0
+    for md in metadatas:
+        tasks = getattr(md, "graph_tasks", None)
+        if tasks is None or id(tasks) in done:
+            continue
+        done.add(id(tasks))
+        if md.split is not None:
+            raise BatchMetadataError("a split (mixed) step was replayed as a decode graph")
+        updated += tasks.update(num_tokens, {"actual_seq_lengths": md.actual_seq_lengths_q,
+                                             "actual_seq_lengths_kv": md.actual_seq_lengths_kv})
+    return updated

@@ -1,0 +1,65 @@
+"""Which graphs the NPU platform captures, and why (pure decision + the config hook).
+
+* Decode-only steps replay captured NPU graphs (``FULL_DECODE_ONLY``): each FIA call in
+  them is a graph task whose host lists the runner updates on every replay
+  (``attention/fia/graph_tasks.py``). Prefill and mixed steps run eager: their FIA calls
+  take a split the gate decides per step, which a replayed graph cannot.
+* Piecewise graphs are not offered: they would capture the non-attention pieces of
+  prefill steps through code paths nothing here has exercised.
+* SFA models (DeepSeek-V3.2 / GLM-5) run eager: sparse attention's per-step host lists
+  have no replay update yet; the SFA builder declares no graph support.
+* ``--enforce-eager`` (or ``cudagraph_mode`` NONE) runs every step eager.
+
+What eager decode costs is stated in README ("Graphs on an NPU").
+"""
+
+from __future__ import annotations
+
+from vllm.config import CUDAGraphMode
+from vllm.logger import init_logger
+
+from vllm_ascend_ext.errors import AscendExtError
+
+logger = init_logger("vllm.ascend_ext")
+
+DECODE_GRAPHS = CUDAGraphMode.FULL_DECODE_ONLY
+
+
+def decide_graph_mode(requested: CUDAGraphMode, *, enforce_eager: bool,
+                      sparse: bool) -> tuple[CUDAGraphMode, str]:
+    """(mode the NPU platform runs, why) for vLLM's resolved ``cudagraph_mode``."""
+    if enforce_eager or requested == CUDAGraphMode.NONE:
+        return CUDAGraphMode.NONE, "eager: --enforce-eager or cudagraph_mode NONE"
+    if sparse:
+        return CUDAGraphMode.NONE, ("eager: the SFA backend has no replay update for sparse "
+                                    "attention's host lists")
+    why = ("decode steps replay captured NPU graphs with FIA's host lists updated per "
+           "replay; prefill and mixed steps run eager")
+    if requested != DECODE_GRAPHS:
+        why += f" (cudagraph_mode {requested.name} is not offered on the NPU)"
+    return DECODE_GRAPHS, why
+
+
+def apply_graph_mode(vllm_config, *, sparse: bool) -> tuple[CUDAGraphMode, str]:
+    comp = vllm_config.compilation_config
+    model = vllm_config.model_config
+    mode, why = decide_graph_mode(comp.cudagraph_mode,
+                                  enforce_eager=bool(model and model.enforce_eager),
+                                  sparse=sparse)
+    if mode != comp.cudagraph_mode:
+        logger.info("ascend_ext: cudagraph_mode %s -> %s: %s", comp.cudagraph_mode.name,
+                    mode.name, why)
+    comp.cudagraph_mode = mode
+    if mode == CUDAGraphMode.NONE:
+        comp.cudagraph_capture_sizes = []
+        comp.max_cudagraph_capture_size = 0
+    return mode, why
+
+
+def refuse_unsupported_parallelism(vllm_config) -> None:
+    """Options whose vLLM implementation is CUDA-only, refused before serving starts."""
+    parallel = vllm_config.parallel_config
+    if getattr(parallel, "enable_dbo", False):
+        raise AscendExtError(
+            "--enable-dbo (dual-batch overlap) drives CUDA streams and cuBLAS handles "
+            "directly; it is not available on the Ascend NPU platform")

@@ -1,0 +1,101 @@
+"""The NPU's device module, and the ``torch.cuda`` names vLLM's GPU runner reaches.
+
+vLLM's V1 GPU worker and model runner (which the NPU worker and runner subclass) reach
+the device in two ways:
+
+* ``torch.accelerator.*`` (device index, synchronize, memory statistics): device-generic,
+  served on an NPU by torch_npu's registered device guard and caching allocator
+  (``c10::DeviceAllocator``); nothing to do.
+* a handful of ``torch.cuda.*`` names for streams and events. In an NPU worker process
+  each is routed to its ``torch.npu`` counterpart once, at device init, as vLLM's own XPU
+  runner does for ``torch.xpu`` (``v1/worker/xpu_model_runner.py``). Every other
+  ``torch.cuda`` name those classes reach sits on a path the NPU platform keeps off
+  (``CUDA_UNREACHED``), or is a device-generic alias (``CUDA_ALIASES``).
+  ``tests/ut/test_npu_worker_api.py`` walks vLLM's classes and holds both tables to that.
+
+The device module is ``torch.npu`` (importing torch_npu registers it); a stand-in device
+(tests; an NVIDIA GPU in the device check) passes its own module with the same names.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import types
+
+import torch
+
+# torch.cuda name -> the device module's name for the same thing (torch.npu).
+CUDA_ROUTED = {
+    "Stream": "Stream",
+    "Event": "Event",
+    "current_stream": "current_stream",
+    "default_stream": "default_stream",
+    "stream": "stream",
+    "set_stream": "set_stream",
+    # Graph capture (vLLM's CUDAGraphWrapper): decode graphs on the NPU.
+    "CUDAGraph": "NPUGraph",
+    "graph": "graph",
+    "graph_pool_handle": "graph_pool_handle",
+    "is_current_stream_capturing": "is_current_stream_capturing",
+}
+
+# torch.cuda names reached in vLLM's worker/runner source that an NPU worker never runs,
+# with the fact that keeps each off the NPU path.
+CUDA_UNREACHED = {
+    "memory.get_allocator_backend": "Worker._scoped_allocator_max_split: only when "
+                                    "current_platform.is_cuda_alike() (False on an NPU)",
+    "memory._snapshot": "Worker._scoped_allocator_max_split: only when is_cuda_alike()",
+    "nvtx.range": "Worker.profile: only with the CUDA profiler (profiler 'cuda'); the "
+                  "NPU worker refuses it",
+    "current_blas_handle": "dual-batch overlap (ubatching): refused on the NPU platform",
+    "device": "the sharded RDT weight-transfer engine (CUDA IPC): not offered on an NPU",
+}
+
+# torch.cuda names that are the device-generic object under another name.
+CUDA_ALIASES = {
+    "OutOfMemoryError": "torch.OutOfMemoryError (raised by every device's allocator)",
+}
+
+
+def npu_module() -> types.ModuleType:
+    """``torch.npu``: importing torch_npu registers it (only ever called on an NPU host,
+    in a worker process)."""
+    importlib.import_module("torch_npu")
+    return torch.npu
+
+
+def _event_factory(module: types.ModuleType):
+    # vLLM passes CUDA's ``blocking`` keyword; torch.npu.Event takes it as well, a
+    # stand-in's Event may not: keep only what the device's Event accepts.
+    def make_event(*args, **kwargs):
+        try:
+            return module.Event(*args, **kwargs)
+        except TypeError:
+            kwargs.pop("blocking", None)
+            kwargs.pop("interprocess", None)
+            return module.Event(*args, **kwargs)
+
+    return make_event
+
+
+def route_cuda_streams(module: types.ModuleType, cuda: types.ModuleType | None = None) -> dict:
+    """Point each ``CUDA_ROUTED`` name of ``cuda`` (``torch.cuda``) at ``module``'s.
+
+    Each callable gets its own ``functools.partial`` so that it is not the very object
+    the device module registers (Dynamo refuses one handler registered twice). Idempotent.
+    Returns ``{name: what it replaced}``.
+    """
+    cuda = torch.cuda if cuda is None else cuda
+    replaced = {}
+    for name, target in CUDA_ROUTED.items():
+        source = getattr(module, target)
+        if name == "Event":
+            value = _event_factory(module)
+        elif isinstance(source, type):
+            value = source
+        else:
+            value = functools.partial(source)
+        replaced[name] = getattr(cuda, name, None)
+        setattr(cuda, name, value)
+    return replaced

@@ -1,0 +1,136 @@
+"""The NPU worker: vLLM's GPU worker with the device brought up through ``torch.npu``.
+
+What it changes, and nothing else (everything not named here is vLLM's ``Worker``):
+
+* ``init_device``: the local rank (data-parallel adjusted as vLLM's GPU worker does), the
+  device ``npu:<visible index>``, the device set through the device module, HCCL process
+  groups (``current_platform.dist_backend``), the memory snapshot the KV-cache budget is
+  measured from (``torch.accelerator``, served by torch_npu's caching allocator), and the
+  ``torch.cuda`` stream/event names routed to ``torch.npu`` before the runner is built
+  (``worker/npu_device.py``).
+* ``_make_model_runner``: always the plugin's V1 runner (``AscendNPUModelRunner``). vLLM
+  picks Model Runner V2 whenever Triton is usable, and triton-ascend makes it usable on
+  Atlas hosts; the plugin's metadata builders are written against V1. Logged once.
+* ``sleep`` / ``wake_up``: refused with the reason (vLLM's sleep mode lives in CUDA's
+  ``cumem`` allocator; the NPU platform reports sleep mode unavailable, so vLLM refuses
+  ``--enable-sleep-mode`` before this point).
+* ``profile``: refused for the CUDA-only profilers (``cuda``, ``proton``).
+
+Nothing here runs on the development or CI machines; the classes are built and checked
+against vLLM's and torch_npu's sources there (``tests/ut/test_npu_worker*.py``).
+"""
+
+from __future__ import annotations
+
+import gc
+import types
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms import current_platform
+from vllm.utils.mem_utils import MemorySnapshot, format_gib
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+from vllm.v1.worker.utils import request_memory
+
+from vllm_ascend_ext.errors import AscendExtError
+from vllm_ascend_ext.worker import npu_device
+from vllm_ascend_ext.worker.orderly_stop import leave_ctrl_c_to_engine, log_final_summaries
+
+logger = init_logger("vllm.ascend_ext")
+
+CUDA_ONLY_PROFILERS = ("cuda", "proton")
+
+
+def dp_adjusted_local_rank(parallel_config, local_rank: int) -> int:
+    """The device index a worker takes, as vLLM's GPU worker computes it: with several
+    data-parallel replicas on one node (mp executor), replica ``r`` takes the devices
+    after ``r * (TP * PCP * PP)``."""
+    if (parallel_config.distributed_executor_backend in ("ray", "external_launcher")
+            or parallel_config.data_parallel_backend == "ray"
+            or parallel_config.nnodes_within_dp != 1):
+        return local_rank
+    dp_local = parallel_config.data_parallel_rank_local
+    if dp_local is None:
+        dp_local = parallel_config.data_parallel_index
+    replica = (parallel_config.pipeline_parallel_size
+               * parallel_config.prefill_context_parallel_size
+               * parallel_config.tensor_parallel_size)
+    return local_rank + dp_local * replica
+
+
+class AscendNPUWorker(Worker):
+    """vLLM's GPU worker on an Ascend NPU (see module docstring)."""
+
+    # The device module; ``npu_device.npu_module`` imports torch_npu (NPU hosts only).
+    device_module_factory = staticmethod(npu_device.npu_module)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        leave_ctrl_c_to_engine(self.parallel_config)
+        if self.use_v2_model_runner:
+            logger.info_once("ascend_ext: NPU worker builds the V1 model runner "
+                             "(vLLM chose Model Runner V2; the plugin's builders are V1)")
+        self.use_v2_model_runner = False
+        self.device_module: types.ModuleType | None = None
+
+    def init_device(self) -> None:
+        self.device_module = dev = self.device_module_factory()
+        self.local_rank = dp_adjusted_local_rank(self.parallel_config, self.local_rank)
+        count = dev.device_count()
+        if self.local_rank >= count:
+            raise AscendExtError(
+                f"NPU worker rank {self.rank} needs device {self.local_rank}, but "
+                f"{count} NPU(s) are visible ({current_platform.device_control_env_var}="
+                f"{_visible()!r}); "
+                "lower the parallel sizes or make more devices visible")
+        index = current_platform.logical_device_id_to_visible_device_id(self.local_rank)
+        self.device = torch.device(f"{current_platform.device_type}:{index}")
+        dev.set_device(self.device)
+        npu_device.route_cuda_streams(dev)
+        current_platform.check_if_supports_dtype(self.model_config.dtype)
+        # Process groups first, so HCCL's buffers are in the snapshot the KV budget uses.
+        init_worker_distributed_environment(self.vllm_config, self.rank,
+                                            self.distributed_init_method, self.local_rank,
+                                            current_platform.dist_backend)
+        logger.info_once("ascend_ext: NPU worker on %s, V1 model runner "
+                         "(vllm_ascend_ext.worker.npu_model_runner)", self.device)
+        set_random_seed(self.model_config.seed)
+        gc.collect()
+        dev.empty_cache()
+        self.init_snapshot = MemorySnapshot(device=self.device)
+        self.requested_memory = request_memory(self.init_snapshot, self.cache_config)
+        logger.debug("NPU worker memory snapshot %r, requested %s GiB",
+                     self.init_snapshot, format_gib(self.requested_memory))
+        self._init_workspace_and_model_runner()
+
+    def _make_model_runner(self):
+        from vllm_ascend_ext.worker.npu_model_runner import AscendNPUModelRunner
+
+        return AscendNPUModelRunner(self.vllm_config, self.device)
+
+    def sleep(self, level: int = 1) -> None:
+        raise AscendExtError(
+            "sleep mode is not available on the Ascend NPU platform (vLLM's sleep mode "
+            "is built on CUDA's cumem allocator); serve without --enable-sleep-mode")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.sleep()
+
+    def profile(self, is_start: bool = True, *args, **kwargs):
+        profiler = getattr(self.profiler_config, "profiler", None)
+        if is_start and profiler in CUDA_ONLY_PROFILERS:
+            raise AscendExtError(
+                f"--profiler-config.profiler={profiler} profiles CUDA; on an NPU use "
+                "profiler=torch (torch_npu's profiler records the NPU activity)")
+        return super().profile(is_start, *args, **kwargs)
+
+    def shutdown(self) -> None:
+        log_final_summaries(getattr(self, "model_runner", None))
+        super().shutdown()
+
+
+def _visible() -> str | None:
+    import os
+
+    return os.environ.get(current_platform.device_control_env_var)
