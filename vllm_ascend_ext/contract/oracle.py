@@ -117,3 +117,26 @@ def load() -> OracleFiles:
     with zipfile.ZipFile(path) as wheel:
         texts = {name: wheel.read(name).decode("utf-8") for name in FILES}
     return OracleFiles(f"{path.name} (sha256 {WHEEL_SHA256[:12]}...)", texts)
+
+
+def read_members(names) -> dict[str, bytes]:
+    """Files of the pinned torch_npu (paths inside the wheel), from the same place
+    ``load`` reads: an installed torch_npu's files, else the pinned wheel (opened once)."""
+    installed = _installed_package_dir()
+    if installed is not None and (installed.parent / METAS).exists():
+        return {name: (installed.parent / name).read_bytes() for name in names}
+    with zipfile.ZipFile(_wheel_path()) as wheel:
+        return {name: wheel.read(name) for name in names}
+
+
+def read_member(name: str) -> bytes:
+    return read_members([name])[name]
+
+
+def python_members() -> list[str]:
+    """Paths of the pinned torch_npu's Python files."""
+    installed = _installed_package_dir()
+    if installed is not None and (installed.parent / METAS).exists():
+        return sorted(str(p.relative_to(installed.parent)) for p in installed.rglob("*.py"))
+    with zipfile.ZipFile(_wheel_path()) as wheel:
+        return sorted(n for n in wheel.namelist() if n.endswith(".py"))

@@ -105,13 +105,10 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
         into that slice of ``output``; every call reads the whole paged cache."""
         t = tok1 - tok0
         nb, bs = key_cache.shape[:2]
-        attn, _ = npu_fused_infer_attention_score(
-            query[tok0:tok1].view(t, self.num_heads, self.head_size),
-            key_cache.view(nb, bs, -1),
-            value_cache.view(nb, bs, -1),
+        args = (query[tok0:tok1].view(t, self.num_heads, self.head_size),
+                key_cache.view(nb, bs, -1), value_cache.view(nb, bs, -1))
+        kwargs = dict(
             atten_mask=self._causal_mask(query.device) if md.causal else None,
-            actual_seq_lengths=cu_q,
-            actual_seq_lengths_kv=kv_lens,
             block_table=md.block_table[req0:req1],
             num_heads=self.num_heads,
             num_key_value_heads=self.num_kv_heads,
@@ -120,4 +117,13 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
             sparse_mode=SPARSE_MODE_CAUSAL if md.causal else 0,
             block_size=bs,
         )
+        tasks = md.graph_tasks
+        if tasks is not None and tasks.capturing():
+            # A decode graph being captured: FIA becomes a task whose host lists the
+            # runner updates on every replay (attention/fia/graph_tasks.py).
+            attn = tasks.capture(query.shape[0], args, kwargs,
+                                 {"actual_seq_lengths": cu_q, "actual_seq_lengths_kv": kv_lens})
+        else:
+            attn, _ = npu_fused_infer_attention_score(
+                *args, actual_seq_lengths=cu_q, actual_seq_lengths_kv=kv_lens, **kwargs)
         output[tok0:tok1].view(t, self.num_heads, self.head_size).copy_(attn)
