@@ -40,12 +40,23 @@ def run_script(script: str, *args: str, emulate: bool, timeout: int = 600, **env
     )
 
 
+def stock_env() -> dict[str, str]:
+    """Environment of a stock vLLM run (vLLM's CPU platform) on any host. On an Ascend
+    host the installed plugin is active without emulation (it selects the NPU
+    platform), so there vLLM is told to load no plugin at all."""
+    from vllm_ascend_ext.platform.probe import npu_present
+
+    return {"VLLM_PLUGINS": "no-plugin"} if npu_present() else {}
+
+
 @pytest.fixture(scope="session")
 def runs():
     """Engine runs shared by the tests of a session, computed on first use."""
     cache: dict[tuple, dict] = {}
 
     def get(*args: str, emulate: bool, **env: str) -> dict:
+        if not emulate:
+            env = {**stock_env(), **env}
         key = (args, emulate, tuple(sorted(env.items())))
         if key not in cache:
             cache[key] = run_script("run_llm.py", *args, emulate=emulate, **env)

@@ -16,6 +16,7 @@ gets) cannot be compiled into one graph that serves both steps.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def npu_platform(monkeypatch):
     # vLLM registers its attention ops for the current platform's dispatch key at
     # import: import under the CPU platform, where this test's tensors live (on an NPU
     # host they register for PrivateUse1).
-    import vllm.model_executor.layers.attention  # noqa: F401
+    importlib.import_module("vllm.model_executor.layers.attention")
 
     monkeypatch.setenv("ASCEND_EXT_EMULATE", "1")  # the plugin is active in this process
     vllm_ascend_ext.register()   # vLLM's general-plugin hook: the backends' names

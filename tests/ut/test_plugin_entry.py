@@ -22,14 +22,29 @@ from vllm_ascend_ext.platform.soc import from_name
 
 def test_no_npu_and_no_emulation_means_inactive(monkeypatch):
     monkeypatch.delenv("ASCEND_EXT_EMULATE", raising=False)
-    assert not probe.npu_present()  # this machine has no NPU
+    monkeypatch.setattr(probe, "npu_present", lambda: False)  # holds on an NPU host too
     assert vllm_ascend_ext.platform_plugin() is None
+
+
+def test_an_npu_without_emulation_selects_the_npu_platform(monkeypatch):
+    monkeypatch.delenv("ASCEND_EXT_EMULATE", raising=False)
+    monkeypatch.setattr(probe, "npu_present", lambda: True)
+    assert vllm_ascend_ext.platform_plugin() == "vllm_ascend_ext.platform.npu.AscendNPUPlatform"
+
+
+def test_npu_present_is_false_without_device_nodes_or_torch_npu(monkeypatch):
+    monkeypatch.setattr(probe, "npu_device_nodes", lambda: [])
+    assert probe.npu_present() is False
+    monkeypatch.setattr(probe, "npu_device_nodes", lambda: ["/dev/davinci0"])
+    monkeypatch.setattr(probe, "torch_npu_installed", lambda: False)
+    assert probe.npu_present() is False
 
 
 def test_register_is_a_no_op_when_inactive(monkeypatch):
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     monkeypatch.delenv("ASCEND_EXT_EMULATE", raising=False)
+    monkeypatch.setattr(probe, "npu_present", lambda: False)
     from vllm import ModelRegistry
     from vllm.model_executor.layers import quantization as q
 

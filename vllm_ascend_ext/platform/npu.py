@@ -8,6 +8,8 @@ Atlas 800 validation, as README states.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
@@ -34,6 +36,16 @@ PLATFORM_NAME = "ascend_ext-npu"
 # torch.npu in the worker process: worker/npu_device.py).
 WORKER_CLS = "vllm_ascend_ext.worker.npu_worker.AscendNPUWorker"
 GRAPH_WRAPPER_CLS = "vllm.compilation.cuda_graph.CUDAGraphWrapper"
+SPAWN_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+
+
+def use_spawn() -> None:
+    """Workers start by spawn: this process imported torch_npu (the platform probe), and
+    the NPU runtime does not survive a fork. vLLM forces spawn itself only for CUDA and
+    XPU (``utils/system_utils.py``); an explicit ``fork`` is left as the user set it."""
+    if os.environ.get(SPAWN_ENV) is None:
+        os.environ[SPAWN_ENV] = "spawn"
+        logger.info("ascend_ext: %s=spawn (NPU workers are spawned, never forked)", SPAWN_ENV)
 
 
 class AscendNPUPlatform(Platform):
@@ -164,6 +176,7 @@ class AscendNPUPlatform(Platform):
                 "on an NPU the operators themselves are the contract")
         cls.check_stack()
         soc = soc_table.require_supported(cls.soc())
+        use_spawn()
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_CLS

@@ -1,0 +1,119 @@
+"""The NPU platform's flags and its graph-mode decision (no NPU needed)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.config import CUDAGraphMode
+from vllm.utils.import_utils import resolve_obj_by_qualname
+
+from vllm_ascend_ext.errors import AscendExtError
+from vllm_ascend_ext.platform import npu
+from vllm_ascend_ext.platform.graph_mode import (
+    apply_graph_mode,
+    decide_graph_mode,
+    refuse_unsupported_parallelism,
+)
+from vllm_ascend_ext.platform.npu import AscendNPUPlatform
+from vllm_ascend_ext.worker.npu_worker import AscendNPUWorker
+
+
+def test_platform_flags_tell_vllm_the_truth():
+    p = AscendNPUPlatform()
+    assert p.opaque_attention_op() is True
+    assert p.support_static_graph_mode() is True
+    assert p.get_static_graph_wrapper_cls() == "vllm.compilation.cuda_graph.CUDAGraphWrapper"
+    assert resolve_obj_by_qualname(p.get_static_graph_wrapper_cls()).__name__ == \
+        "CUDAGraphWrapper"
+    assert p.is_sleep_mode_available() is False
+    assert p.support_hybrid_kv_cache() is False
+    assert p.supported_dtypes == [torch.bfloat16, torch.float16]
+    assert p.dist_backend == "hccl" and p.device_type == "npu"
+    assert p.worker_cls_path() == "vllm_ascend_ext.worker.npu_worker.AscendNPUWorker"
+    assert resolve_obj_by_qualname(p.worker_cls_path()) is AscendNPUWorker
+    assert p.check_runner_kv_caches_multi_layer() is None
+
+
+def test_fp32_is_refused_naming_the_fix():
+    AscendNPUPlatform.check_if_supports_dtype(torch.bfloat16)
+    AscendNPUPlatform.check_if_supports_dtype(torch.float16)
+    with pytest.raises(AscendExtError, match="--dtype float32.*--dtype bfloat16"):
+        AscendNPUPlatform.check_if_supports_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("requested,eager,sparse,mode,needle", [
+    (CUDAGraphMode.FULL_AND_PIECEWISE, False, False, CUDAGraphMode.FULL_DECODE_ONLY,
+     "FULL_AND_PIECEWISE is not offered"),
+    (CUDAGraphMode.FULL_DECODE_ONLY, False, False, CUDAGraphMode.FULL_DECODE_ONLY,
+     "updated per replay"),
+    (CUDAGraphMode.PIECEWISE, False, False, CUDAGraphMode.FULL_DECODE_ONLY,
+     "PIECEWISE is not offered"),
+    (CUDAGraphMode.FULL_AND_PIECEWISE, True, False, CUDAGraphMode.NONE, "--enforce-eager"),
+    (CUDAGraphMode.NONE, False, False, CUDAGraphMode.NONE, "cudagraph_mode NONE"),
+    (CUDAGraphMode.FULL_AND_PIECEWISE, False, True, CUDAGraphMode.NONE, "SFA backend"),
+])
+def test_graph_mode_decision(requested, eager, sparse, mode, needle):
+    got, why = decide_graph_mode(requested, enforce_eager=eager, sparse=sparse)
+    assert got == mode and needle in why
+
+
+def _config(mode, eager=False, **parallel):
+    return SimpleNamespace(
+        compilation_config=SimpleNamespace(cudagraph_mode=mode, cudagraph_capture_sizes=[1, 2],
+                                           max_cudagraph_capture_size=2),
+        model_config=SimpleNamespace(enforce_eager=eager),
+        parallel_config=SimpleNamespace(**parallel))
+
+
+def test_apply_graph_mode_sets_the_mode_and_clears_sizes_when_eager():
+    dense = _config(CUDAGraphMode.FULL_AND_PIECEWISE)
+    apply_graph_mode(dense, sparse=False)
+    assert dense.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    assert dense.compilation_config.cudagraph_capture_sizes == [1, 2]
+    sparse = _config(CUDAGraphMode.FULL_AND_PIECEWISE)
+    apply_graph_mode(sparse, sparse=True)
+    assert sparse.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    assert sparse.compilation_config.cudagraph_capture_sizes == []
+
+
+def test_dual_batch_overlap_is_refused():
+    refuse_unsupported_parallelism(_config(CUDAGraphMode.NONE, enable_dbo=False))
+    with pytest.raises(AscendExtError, match="--enable-dbo"):
+        refuse_unsupported_parallelism(_config(CUDAGraphMode.NONE, enable_dbo=True))
+
+
+def test_workers_are_spawned_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv(npu.SPAWN_ENV, raising=False)
+    npu.use_spawn()
+    import os
+
+    assert os.environ[npu.SPAWN_ENV] == "spawn"
+    monkeypatch.setenv(npu.SPAWN_ENV, "fork")
+    npu.use_spawn()
+    assert os.environ[npu.SPAWN_ENV] == "fork"
+
+
+def test_check_and_update_config_on_a_real_config(monkeypatch):
+    from pathlib import Path
+
+    from vllm.config import ModelConfig, VllmConfig
+
+    tiny = Path(__file__).resolve().parents[2] / "vllm_ascend_ext" / "models" / "tiny_qwen3"
+    config = VllmConfig(model_config=ModelConfig(model=str(tiny), dtype=torch.bfloat16,
+                                                 skip_tokenizer_init=True))
+    # What vLLM hands the platform hook before any platform has touched it.
+    config.parallel_config.worker_cls = "auto"
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    config.cache_config.user_specified_block_size = False
+    monkeypatch.setenv("ASCEND_EXT_SOC", "ascend910b2")
+    monkeypatch.delenv(npu.SPAWN_ENV, raising=False)
+    monkeypatch.setattr(AscendNPUPlatform, "check_stack", classmethod(lambda cls: None))
+    AscendNPUPlatform.check_and_update_config(config)
+    assert config.parallel_config.worker_cls == npu.WORKER_CLS
+    assert config.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    assert config.cache_config.block_size == 128
+    import os
+
+    assert os.environ[npu.SPAWN_ENV] == "spawn"
