@@ -48,3 +48,21 @@ def test_an_unknown_soc_is_a_problem(monkeypatch):
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend999")
     data, problems = doctor.report()
     assert not data["healthy"] and problems[0].startswith("SoC: unknown Ascend SoC 'ascend999'")
+
+
+def test_smoke_runs_only_on_an_npu_and_a_failing_case_is_a_problem(monkeypatch, capsys):
+    from vllm_ascend_ext.tools import npu_parity
+
+    monkeypatch.setattr(probe, "npu_device_nodes", lambda: [])
+    data, problems = doctor.report(smoke=True)
+    assert data["operator_smoke"]["ran"] is False and "no NPU here" in data["operator_smoke"]["why"]
+    assert doctor.report()[0]["operator_smoke"]["why"].startswith("not requested")
+    # An NPU host (stack versions aside) whose FIA case is out of bounds.
+    monkeypatch.setattr(probe, "npu_present", lambda: True)
+    failing = [npu_parity.Measured("npu_fused_infer_attention_score max abs err", 0.5, 2e-2)]
+    monkeypatch.setattr(npu_parity, "SMOKE", (lambda: failing,))
+    assert doctor.run(Namespace(json=True, smoke=True)) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["operator_smoke"]["ran"] is True and data["operator_smoke"]["ok"] is False
+    assert any(p.startswith("smoke <lambda>: npu_fused_infer_attention_score max abs err")
+               for p in data["problems"])

@@ -19,6 +19,7 @@ import tests.npu.test_sfa_parity as sfa_parity
 from vllm_ascend_ext.contract import mode
 from vllm_ascend_ext.contract.harness import Harness
 from vllm_ascend_ext.platform.soc import from_name
+from vllm_ascend_ext.tools import npu_parity
 
 
 def _cases():
@@ -42,7 +43,7 @@ def test_parity_case_meets_the_contract(monkeypatch, module, test, kwargs):
     monkeypatch.setenv(mode.ENV, "1")
     harness = Harness(from_name("ascend910b2"))
     monkeypatch.setattr(mode, "_HARNESS", [harness])
-    monkeypatch.setattr(module, "_npu", lambda t: t)
+    monkeypatch.setattr(npu_parity, "_npu", lambda t: t)
     test(**kwargs)
     assert harness.violations == 0
     torch_npu_calls = sum(harness.calls.values())
@@ -56,3 +57,30 @@ def test_every_parity_test_is_dry_run():
              if n.startswith("test_")}
     assert listed == names
     assert len(list(itertools.islice(_cases(), 100))) >= len(names)
+
+
+def test_doctor_smoke_runs_one_case_per_operator_dry(monkeypatch):
+    monkeypatch.setenv(mode.ENV, "1")
+    harness = Harness(from_name("ascend910b2"))
+    monkeypatch.setattr(mode, "_HARNESS", [harness])
+    monkeypatch.setattr(npu_parity, "_npu", lambda t: t)
+    results = npu_parity.run_smoke()
+    assert [r["case"] for r in results] == [
+        "fia", "scatter_pa_kv_cache", "kv_rmsnorm_rope_cache", "lightning_indexer",
+        "sparse_flash_attention", "w8a8_quant_ops", "mla_prolog_v3[False]",
+        "mla_prolog_v3[True]", "k3_prolog"]
+    assert all(r["ok"] for r in results), results
+    assert harness.violations == 0
+    assert {"npu_fused_infer_attention_score", "npu_scatter_pa_kv_cache",
+            "npu_kv_rmsnorm_rope_cache", "npu_lightning_indexer", "npu_sparse_flash_attention",
+            "npu_dynamic_quant", "npu_quant_matmul", "npu_mla_prolog_v3",
+            "npu_format_cast"} <= set(harness.calls)
+
+
+def test_a_smoke_case_that_fails_or_raises_is_reported():
+    bad = npu_parity.Measured("err", 1.0, 0.5)
+    worse = npu_parity.Measured("agreement", 0.5, 0.9, at_least=True)
+    results = npu_parity.run_smoke((lambda: [bad, worse], lambda: 1 / 0))
+    assert results[0]["ok"] is False and "bound <= 5.0e-01" in results[0]["measured"][0]
+    assert results[1] == {"case": "<lambda>", "ok": False,
+                          "error": "ZeroDivisionError: division by zero"}

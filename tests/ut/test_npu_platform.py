@@ -6,17 +6,20 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.config import CUDAGraphMode
 from vllm.utils.import_utils import resolve_obj_by_qualname
 
 from vllm_ascend_ext.errors import AscendExtError
-from vllm_ascend_ext.platform import npu
+from vllm_ascend_ext.platform import graph_mode, npu
 from vllm_ascend_ext.platform.graph_mode import (
     apply_graph_mode,
     decide_graph_mode,
     refuse_unsupported_parallelism,
+    use_v1_runner,
 )
 from vllm_ascend_ext.platform.npu import AscendNPUPlatform
+from vllm_ascend_ext.worker.npu_graph import AscendNPUGraphWrapper
 from vllm_ascend_ext.worker.npu_worker import AscendNPUWorker
 
 
@@ -24,9 +27,8 @@ def test_platform_flags_tell_vllm_the_truth():
     p = AscendNPUPlatform()
     assert p.opaque_attention_op() is True
     assert p.support_static_graph_mode() is True
-    assert p.get_static_graph_wrapper_cls() == "vllm.compilation.cuda_graph.CUDAGraphWrapper"
-    assert resolve_obj_by_qualname(p.get_static_graph_wrapper_cls()).__name__ == \
-        "CUDAGraphWrapper"
+    wrapper = resolve_obj_by_qualname(p.get_static_graph_wrapper_cls())
+    assert issubclass(wrapper, CUDAGraphWrapper) and wrapper is AscendNPUGraphWrapper
     assert p.is_sleep_mode_available() is False
     assert p.support_hybrid_kv_cache() is False
     assert p.supported_dtypes == [torch.bfloat16, torch.float16]
@@ -48,8 +50,9 @@ def test_fp32_is_refused_naming_the_fix():
      "FULL_AND_PIECEWISE is not offered"),
     (CUDAGraphMode.FULL_DECODE_ONLY, False, False, CUDAGraphMode.FULL_DECODE_ONLY,
      "updated per replay"),
-    (CUDAGraphMode.PIECEWISE, False, False, CUDAGraphMode.FULL_DECODE_ONLY,
-     "PIECEWISE is not offered"),
+    (CUDAGraphMode.FULL, False, False, CUDAGraphMode.FULL_DECODE_ONLY, "FULL is not offered"),
+    # vLLM's own downgrade (pooling models, KV connectors) is never undone into FULL
+    (CUDAGraphMode.PIECEWISE, False, False, CUDAGraphMode.NONE, "vLLM chose piecewise"),
     (CUDAGraphMode.FULL_AND_PIECEWISE, True, False, CUDAGraphMode.NONE, "--enforce-eager"),
     (CUDAGraphMode.NONE, False, False, CUDAGraphMode.NONE, "cudagraph_mode NONE"),
     (CUDAGraphMode.FULL_AND_PIECEWISE, False, True, CUDAGraphMode.NONE, "SFA backend"),
@@ -59,7 +62,34 @@ def test_graph_mode_decision(requested, eager, sparse, mode, needle):
     assert got == mode and needle in why
 
 
+def test_tensor_or_pipeline_parallel_runs_are_eager():
+    got, why = decide_graph_mode(CUDAGraphMode.FULL_AND_PIECEWISE, enforce_eager=False,
+                                 sparse=False, parallel_ranks=2)
+    assert got == CUDAGraphMode.NONE and "CUDA/XPU communicators" in why
+    config = _config(CUDAGraphMode.FULL_AND_PIECEWISE, tensor_parallel_size=1,
+                     pipeline_parallel_size=2)
+    apply_graph_mode(config, sparse=False)
+    assert config.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+
+
+def test_the_engine_runs_the_v1_runner_and_refuses_a_forced_v2(monkeypatch):
+    monkeypatch.delenv(graph_mode.V2_ENV, raising=False)
+    config = SimpleNamespace(use_v2_model_runner=False)
+    use_v1_runner(config)
+    import os
+
+    assert os.environ[graph_mode.V2_ENV] == "0"
+    monkeypatch.setenv(graph_mode.V2_ENV, "1")
+    with pytest.raises(AscendExtError, match="VLLM_USE_V2_MODEL_RUNNER=1"):
+        use_v1_runner(config)
+    monkeypatch.setenv(graph_mode.V2_ENV, "0")
+    with pytest.raises(AscendExtError, match="HiSparse"):
+        use_v1_runner(SimpleNamespace(use_v2_model_runner=True))
+
+
 def _config(mode, eager=False, **parallel):
+    parallel.setdefault("tensor_parallel_size", 1)
+    parallel.setdefault("pipeline_parallel_size", 1)
     return SimpleNamespace(
         compilation_config=SimpleNamespace(cudagraph_mode=mode, cudagraph_capture_sizes=[1, 2],
                                            max_cudagraph_capture_size=2),
@@ -110,7 +140,9 @@ def test_check_and_update_config_on_a_real_config(monkeypatch):
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend910b2")
     monkeypatch.delenv(npu.SPAWN_ENV, raising=False)
     monkeypatch.setattr(AscendNPUPlatform, "check_stack", classmethod(lambda cls: None))
+    monkeypatch.delenv(graph_mode.V2_ENV, raising=False)
     AscendNPUPlatform.check_and_update_config(config)
+    assert config.use_v2_model_runner is False
     assert config.parallel_config.worker_cls == npu.WORKER_CLS
     assert config.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
     assert config.cache_config.block_size == 128

@@ -53,9 +53,11 @@ class StandInDevice:
                 pass
 
         self.Stream, self.Event, self.NPUGraph = Stream, Event, type("NPUGraph", (), {})
-        self.current_stream = self.default_stream = lambda device=None: Stream()
+        self.current = None
+        self.current_stream = lambda device=None: self.current or Stream()
+        self.default_stream = lambda device=None: Stream()
         self.stream = lambda s: contextlib.nullcontext()
-        self.set_stream = lambda s: None
+        self.set_stream = lambda s: setattr(self, "current", s)
         self.graph = lambda *args, **kwargs: contextlib.nullcontext()
         self.graph_pool_handle = lambda: None
         self.is_current_stream_capturing = lambda: False
@@ -64,8 +66,12 @@ class StandInDevice:
 @pytest.fixture
 def routed(monkeypatch):
     """The real torch.cuda names routed to a stand-in, restored after the test."""
+    from vllm.utils import torch_utils
+
     for name in npu_device.CUDA_ROUTED:
         monkeypatch.setattr(torch.cuda, name, getattr(torch.cuda, name))
+    # vLLM's current-stream record, which routed stream switches update
+    monkeypatch.setattr(torch_utils._current_stream_tls, "value", None, raising=False)
     dev = StandInDevice()
     replaced = npu_device.route_cuda_streams(dev)
     return dev, replaced
@@ -93,6 +99,20 @@ def test_routing_points_each_cuda_name_at_the_device_module(routed):
     assert dev.created["Event"] == 1
     npu_device.route_cuda_streams(dev)         # idempotent
     assert torch.cuda.Stream is dev.Stream
+
+
+def test_routed_stream_switches_keep_vllms_current_stream(routed):
+    """vLLM captures graphs on ``vllm.utils.torch_utils.current_stream()``, a record its
+    own ``torch.cuda.set_stream`` wrapper keeps; the routed names keep it too."""
+    from vllm.utils import torch_utils
+
+    dev, _ = routed
+    capture, other = dev.Stream(), dev.Stream()
+    torch.cuda.set_stream(capture)
+    assert torch_utils.current_stream() is capture
+    with torch.cuda.stream(other):
+        assert torch_utils.current_stream() is other
+    assert torch_utils.current_stream() is not other
 
 
 def test_worker_builds_the_plugins_v1_runner_with_the_devices_streams(routed):

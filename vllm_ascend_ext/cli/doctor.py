@@ -2,9 +2,11 @@
 
 Everything is read without starting the NPU runtime and without downloading anything:
 package versions from their metadata, the SoC from ``ASCEND_EXT_SOC`` or ``npu-smi``,
-CANN from its install files. Exit 0 when the plugin can serve here (an NPU host whose
-stack passes the version check, or any machine for emulation), 1 with the reasons
-otherwise.
+CANN from its install files. ``--smoke`` adds, on an NPU host, one case per operator the
+plugin calls against its reference (``tools/npu_parity.py``; this starts the runtime in
+the doctor's own process). Exit 0 when the plugin can serve here (an NPU host whose stack
+passes the version check and, with ``--smoke``, every operator case; or any machine for
+emulation), 1 with the reasons otherwise.
 """
 
 from __future__ import annotations
@@ -96,7 +98,26 @@ def _npu_platform() -> dict:
     }
 
 
-def report() -> tuple[dict, list[str]]:
+def _smoke(requested: bool, problems: list[str]) -> dict:
+    from vllm_ascend_ext.platform import probe
+
+    if not requested:
+        return {"ran": False, "why": "not requested (--smoke)"}
+    if not probe.npu_present():
+        return {"ran": False, "why": "no NPU here (the cases run dry in the unit tests, "
+                "through the NPU contract)"}
+    from vllm_ascend_ext.tools import npu_parity
+
+    cases = npu_parity.run_smoke(npu_parity.SMOKE)
+    for case in cases:
+        if not case["ok"]:
+            detail = case.get("error") or "; ".join(case["measured"])
+            problems.append(f"smoke {case['case']}: {detail}")
+    return {"ran": True, "cases": {c["case"]: c.get("error") or c["measured"] for c in cases},
+            "ok": all(c["ok"] for c in cases)}
+
+
+def report(smoke: bool = False) -> tuple[dict, list[str]]:
     import torch
 
     from vllm_ascend_ext import envs
@@ -134,6 +155,7 @@ def report() -> tuple[dict, list[str]]:
         "extension": _extension(),
         "npu_platform": _npu_platform(),
         "contract_oracle": _oracle(),
+        "operator_smoke": _smoke(smoke, problems),
         "tiny_models": {"qwen3": Path(__file__).resolve().parents[1].joinpath(
             "models", "tiny_qwen3").is_dir()},
     }
@@ -154,6 +176,6 @@ def _text(data: dict, indent: str = "") -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    data, problems = report()
+    data, problems = report(smoke=bool(getattr(args, "smoke", False)))
     print(json.dumps(data, indent=2) if args.json else "\n".join(_text(data)))
     return 1 if problems else 0

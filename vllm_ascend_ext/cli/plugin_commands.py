@@ -55,7 +55,7 @@ class TinyModelPathCommand(PluginCommand):
 
 
 class DoctorCommand(PluginCommand):
-    """``doctor [--json]``: versions, SoC, devices, the compiled library, the NPU platform's
+    """``doctor [--json] [--smoke]``: versions, SoC, devices, the compiled library, the NPU platform's
     facts and the contract oracle, read without starting the NPU runtime."""
 
     name = "doctor"
@@ -74,6 +74,9 @@ class DoctorCommand(PluginCommand):
             "keys, the NPU platform's worker, attention and graph facts, and whether the NPU "
             "contract's oracle is at hand. Exit 0 when the plugin can serve here.")
         parser.add_argument("--json", action="store_true", help="print JSON")
+        parser.add_argument("--smoke", action="store_true",
+                            help="on an NPU host, also run one case per operator the plugin "
+                            "calls against its reference (starts the NPU runtime here)")
         return parser
 
 

@@ -5,7 +5,10 @@
   (``attention/fia/graph_tasks.py``). Prefill and mixed steps run eager: their FIA calls
   take a split the gate decides per step, which a replayed graph cannot.
 * Piecewise graphs are not offered: they would capture the non-attention pieces of
-  prefill steps through code paths nothing here has exercised.
+  prefill steps through code paths nothing here has exercised. Where vLLM itself chose
+  PIECEWISE (pooling models, KV connectors that need it), every step runs eager.
+* Tensor or pipeline parallel runs are eager: vLLM's graph-capture context accepts only
+  CUDA/XPU communicators (``GroupCoordinator.graph_capture``).
 * SFA models (DeepSeek-V3.2 / GLM-5) run eager: sparse attention's per-step host lists
   have no replay update yet; the SFA builder declares no graph support.
 * ``--enforce-eager`` (or ``cudagraph_mode`` NONE) runs every step eager.
@@ -25,14 +28,23 @@ logger = init_logger("vllm.ascend_ext")
 DECODE_GRAPHS = CUDAGraphMode.FULL_DECODE_ONLY
 
 
-def decide_graph_mode(requested: CUDAGraphMode, *, enforce_eager: bool,
-                      sparse: bool) -> tuple[CUDAGraphMode, str]:
-    """(mode the NPU platform runs, why) for vLLM's resolved ``cudagraph_mode``."""
+def decide_graph_mode(requested: CUDAGraphMode, *, enforce_eager: bool, sparse: bool,
+                      parallel_ranks: int = 1) -> tuple[CUDAGraphMode, str]:
+    """(mode the NPU platform runs, why) for vLLM's resolved ``cudagraph_mode``;
+    ``parallel_ranks``: tensor x pipeline parallel size."""
     if enforce_eager or requested == CUDAGraphMode.NONE:
         return CUDAGraphMode.NONE, "eager: --enforce-eager or cudagraph_mode NONE"
     if sparse:
         return CUDAGraphMode.NONE, ("eager: the SFA backend has no replay update for sparse "
                                     "attention's host lists")
+    if requested == CUDAGraphMode.PIECEWISE:
+        return CUDAGraphMode.NONE, ("eager: vLLM chose piecewise graphs (a pooling model or a "
+                                    "KV connector that needs them); the NPU platform offers "
+                                    "decode graphs only")
+    if parallel_ranks > 1:
+        return CUDAGraphMode.NONE, (f"eager: {parallel_ranks} tensor/pipeline-parallel ranks; "
+                                    "vLLM's graph-capture context takes only CUDA/XPU "
+                                    "communicators")
     why = ("decode steps replay captured NPU graphs with FIA's host lists updated per "
            "replay; prefill and mixed steps run eager")
     if requested != DECODE_GRAPHS:
@@ -43,9 +55,12 @@ def decide_graph_mode(requested: CUDAGraphMode, *, enforce_eager: bool,
 def apply_graph_mode(vllm_config, *, sparse: bool) -> tuple[CUDAGraphMode, str]:
     comp = vllm_config.compilation_config
     model = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    ranks = (getattr(parallel, "tensor_parallel_size", 1)
+             * getattr(parallel, "pipeline_parallel_size", 1))
     mode, why = decide_graph_mode(comp.cudagraph_mode,
                                   enforce_eager=bool(model and model.enforce_eager),
-                                  sparse=sparse)
+                                  sparse=sparse, parallel_ranks=ranks)
     if mode != comp.cudagraph_mode:
         logger.info("ascend_ext: cudagraph_mode %s -> %s: %s", comp.cudagraph_mode.name,
                     mode.name, why)
@@ -63,3 +78,24 @@ def refuse_unsupported_parallelism(vllm_config) -> None:
         raise AscendExtError(
             "--enable-dbo (dual-batch overlap) drives CUDA streams and cuBLAS handles "
             "directly; it is not available on the Ascend NPU platform")
+
+
+V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def use_v1_runner(vllm_config) -> None:
+    """The whole engine (scheduler and workers) on vLLM's V1 model runner, which the NPU
+    worker builds: vLLM picks V2 wherever Triton is usable (triton-ascend included) and
+    its scheduler formats its output for the runner it picked. Set before the engine
+    starts (the engine core and workers inherit it); refused where V2 is required."""
+    import os
+
+    if os.environ.get(V2_ENV, "").strip().lower() in ("1", "true"):
+        raise AscendExtError(
+            f"{V2_ENV}=1: the NPU worker runs vLLM's V1 model runner (the plugin's metadata "
+            f"builders are V1); unset {V2_ENV}")
+    os.environ[V2_ENV] = "0"
+    if vllm_config.use_v2_model_runner:
+        raise AscendExtError(
+            "this configuration needs vLLM's Model Runner V2 (HiSparse attention or "
+            "watermarking), which the NPU platform does not run")

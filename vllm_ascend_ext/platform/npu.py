@@ -25,7 +25,11 @@ from vllm_ascend_ext.platform.config_hooks import (
     sfa_block_size,
     validate_plugin_config,
 )
-from vllm_ascend_ext.platform.graph_mode import apply_graph_mode, refuse_unsupported_parallelism
+from vllm_ascend_ext.platform.graph_mode import (
+    apply_graph_mode,
+    refuse_unsupported_parallelism,
+    use_v1_runner,
+)
 from vllm_ascend_ext.platform.selection import preflight, select_attention_backend
 
 logger = init_logger("vllm.ascend_ext")
@@ -35,7 +39,7 @@ PLATFORM_NAME = "ascend_ext-npu"
 # the graph wrapper vLLM's runner captures with (torch.cuda's graph names are routed to
 # torch.npu in the worker process: worker/npu_device.py).
 WORKER_CLS = "vllm_ascend_ext.worker.npu_worker.AscendNPUWorker"
-GRAPH_WRAPPER_CLS = "vllm.compilation.cuda_graph.CUDAGraphWrapper"
+GRAPH_WRAPPER_CLS = "vllm_ascend_ext.worker.npu_graph.AscendNPUGraphWrapper"
 SPAWN_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
@@ -126,6 +130,11 @@ class AscendNPUPlatform(Platform):
                 "calls take bfloat16 or float16; serve with --dtype bfloat16")
 
     @classmethod
+    def current_stream(cls):
+        # vLLM's current_stream() asks an OOT platform for its first stream.
+        return torch.npu.current_stream()
+
+    @classmethod
     def support_static_graph_mode(cls) -> bool:
         # Decode graphs: FIA's host lists are updated on every replay
         # (attention/fia/graph_tasks.py); see graph_mode().
@@ -183,6 +192,7 @@ class AscendNPUPlatform(Platform):
         apply_quant_description(vllm_config)
         apply_graph_mode(vllm_config, sparse=is_sparse_mla_model(vllm_config.model_config))
         refuse_unsupported_parallelism(vllm_config)
+        use_v1_runner(vllm_config)
         cache = vllm_config.cache_config
         if is_sparse_mla_model(vllm_config.model_config):
             sfa_block_size(cache)

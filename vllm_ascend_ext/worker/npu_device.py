@@ -19,6 +19,7 @@ The device module is ``torch.npu`` (importing torch_npu registers it); a stand-i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import types
@@ -79,6 +80,37 @@ def _event_factory(module: types.ModuleType):
     return make_event
 
 
+def _tracked_set_stream(module: types.ModuleType):
+    """``set_stream`` that also keeps vLLM's current-stream record, as vLLM's own wrapper
+    of ``torch.cuda.set_stream`` does (``vllm/utils/torch_utils.py``): vLLM's
+    ``current_stream()`` (the stream graphs are captured on) reads that record."""
+    from vllm.utils import torch_utils
+
+    def set_stream(stream) -> None:
+        torch_utils._current_stream_tls.value = stream
+        module.set_stream(stream)
+
+    return set_stream
+
+
+def _tracked_stream(module: types.ModuleType, set_stream):
+    """``torch.cuda.stream(s)``: a context that switches streams through ``set_stream``."""
+
+    @contextlib.contextmanager
+    def stream(s):
+        if s is None:
+            yield
+            return
+        previous = module.current_stream()
+        set_stream(s)
+        try:
+            yield
+        finally:
+            set_stream(previous)
+
+    return stream
+
+
 def route_cuda_streams(module: types.ModuleType, cuda: types.ModuleType | None = None) -> dict:
     """Point each ``CUDA_ROUTED`` name of ``cuda`` (``torch.cuda``) at ``module``'s.
 
@@ -88,10 +120,15 @@ def route_cuda_streams(module: types.ModuleType, cuda: types.ModuleType | None =
     """
     cuda = torch.cuda if cuda is None else cuda
     replaced = {}
+    set_stream = _tracked_set_stream(module)
     for name, target in CUDA_ROUTED.items():
         source = getattr(module, target)
         if name == "Event":
             value = _event_factory(module)
+        elif name == "set_stream":
+            value = set_stream
+        elif name == "stream":
+            value = _tracked_stream(module, set_stream)
         elif isinstance(source, type):
             value = source
         else:

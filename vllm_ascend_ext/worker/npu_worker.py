@@ -27,6 +27,7 @@ import types
 
 import torch
 from vllm.logger import init_logger
+from vllm.model_executor.model_loader import get_model_loader
 from vllm.platforms import current_platform
 from vllm.utils.mem_utils import MemorySnapshot, format_gib
 from vllm.utils.torch_utils import set_random_seed
@@ -98,8 +99,11 @@ class AscendNPUWorker(Worker):
         set_random_seed(self.model_config.seed)
         gc.collect()
         dev.empty_cache()
+        # Weights another process holds on this device (vLLM's external model loaders).
+        external = get_model_loader(self.load_config).get_external_weight_memory(
+            self.vllm_config)
         self.init_snapshot = MemorySnapshot(device=self.device)
-        self.requested_memory = request_memory(self.init_snapshot, self.cache_config)
+        self.requested_memory = request_memory(self.init_snapshot, self.cache_config, external)
         logger.debug("NPU worker memory snapshot %r, requested %s GiB",
                      self.init_snapshot, format_gib(self.requested_memory))
         self._init_workspace_and_model_runner()

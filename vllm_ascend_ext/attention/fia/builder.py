@@ -13,6 +13,7 @@ from __future__ import annotations
 import weakref
 from typing import ClassVar
 
+import torch
 from vllm.v1.attention.backend import (
     AttentionCGSupport,
     AttentionMetadataBuilder,
@@ -50,7 +51,7 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, *, traits=None,
-                 mode=None, soc_family=None, batch_invariant=None):
+                 mode=None, soc_family=None, batch_invariant=None, tasks=None):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
         self.plane_factor = spec_plane_factor(kv_cache_spec)
@@ -72,7 +73,14 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
         self.soc_family = soc_family or "A2"
         self.batch_invariant = bool(batch_invariant)
         self.traits = traits or LayerTraits(kv_cache_spec.head_size, 1, 1)
-        self.graph_tasks = graph_tasks.for_device(vllm_config, device)
+        # Decode graphs (NPU): FIA graph tasks, and persistent buffers for the device
+        # tensors a captured graph reads (``tasks``: a stand-in, for tests).
+        self.graph_tasks = tasks or graph_tasks.for_device(vllm_config, device)
+        self.buffers = None
+        if self.graph_tasks is not None:
+            sched = getattr(vllm_config, "scheduler_config", None)
+            self.buffers = StepBuffers(getattr(sched, "max_num_seqs", 0),
+                                       getattr(sched, "max_num_batched_tokens", 0))
         self.stats = SplitStats(",".join(layer_names[:1]) + ("..." if len(layer_names) > 1 else ""))
         weakref.finalize(self, self.stats.log_final)
 
@@ -100,6 +108,11 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
         )
         num_tokens = cu_q[-1] if cu_q else 0
         block_table = plane_block_table(cam.block_table_tensor[:num_reqs], self.plane_factor)
+        slots = plane_slots(cam.slot_mapping, self.block_size, self.plane_factor)
+        if self.buffers is not None:
+            # A captured graph reads these addresses on every replay: this step's values
+            # go into the same buffers (runner padding included: null slots, null block).
+            block_table, slots = self.buffers.write(block_table, slots)
         causal = cam.causal
         if not isinstance(causal, bool):
             raise BatchMetadataError(
@@ -126,11 +139,31 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
             max_seq_len=cam.max_seq_len,
             causal=causal,
             block_table=block_table,
-            slot_indices=plane_slots(cam.slot_mapping[:num_tokens], self.block_size,
-                                     self.plane_factor),
+            slot_indices=slots[:num_tokens],
             plane_factor=self.plane_factor,
             actual_seq_lengths_q=cu_q,
             actual_seq_lengths_kv=kv_lens,
             split=split,
             graph_tasks=self.graph_tasks,
         )
+
+
+class StepBuffers:
+    """Persistent device buffers a step's plane block table and slots are written into
+    (decode graphs only): a replayed graph reads the addresses it was captured with.
+    Sized from the scheduler's limits when known, so no later step reallocates them."""
+
+    def __init__(self, max_reqs: int = 0, max_tokens: int = 0):
+        self.max_reqs, self.max_tokens = max_reqs, max_tokens
+        self.table: torch.Tensor | None = None
+        self.slots: torch.Tensor | None = None
+
+    def write(self, table: torch.Tensor, slots: torch.Tensor):
+        n, width = table.shape
+        if self.table is None or self.table.shape[0] < n or self.table.shape[1] != width:
+            self.table = table.new_zeros(max(n, self.max_reqs), width)
+        if self.slots is None or self.slots.shape[0] < slots.shape[0]:
+            self.slots = slots.new_zeros(max(slots.shape[0], self.max_tokens))
+        self.table[:n].copy_(table)
+        self.slots[:slots.shape[0]].copy_(slots)
+        return self.table[:n], self.slots[:slots.shape[0]]

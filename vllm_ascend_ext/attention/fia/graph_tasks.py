@@ -1,29 +1,32 @@
-"""FIA inside a captured decode graph: its host lists updated on every replay.
+"""FIA inside a captured decode graph: its host lists updated before every replay.
 
 FIA takes the per-request sequence lengths as host lists (``SymInt[]``). A captured NPU
 graph would replay the lists of the capture step forever. torch_npu's graph-task API
 fixes that (``torch_npu.npu.graph_task_*``, documented for Atlas A2/A3):
 
 * capture: each FIA call is issued as ``npu_fused_infer_attention_score.out`` into
-  buffers owned by the graph, with a workspace sized for the worst case
-  (``_npu_fused_infer_attention_score_get_max_workspace``), between
-  ``graph_task_group_begin(stream)`` and ``graph_task_group_end(stream)`` (which returns
-  the task's handle), behind an ``ExternalEvent`` the graph waits on;
-* every replay: on a side stream, for each recorded task, ``graph_task_update_begin
-  (stream, handle)``, the same ``.out`` call with this step's host lists,
-  ``graph_task_update_end(stream)``, then the event is recorded so the graph's FIA waits
-  for its new parameters. The update may be issued after the replay is launched.
+  buffers owned by the graph, with the workspace ``_npu_fused_infer_attention_score_
+  get_max_workspace`` returns for the call, between ``graph_task_group_begin(stream)``
+  and ``graph_task_group_end(stream)`` (which returns the task's handle), behind an
+  ``ExternalEvent`` the graph waits on;
+* before every replay (``worker/npu_graph.py``): on a side stream that first waits for
+  the work already queued (the previous replay among it), for each task of the graph
+  about to replay, ``graph_task_update_begin(stream, handle)``, the same ``.out`` call
+  with this step's host lists, ``graph_task_update_end(stream)``, then the event is
+  recorded, so the graph's FIA waits for its new parameters.
 
-``FiaGraphTasks`` holds the tasks of every captured graph (keyed by the graph's token
-count) and does both halves; the device module (``torch.npu``) and the ``.out`` /
-workspace callables are passed in, so the same code runs against a stand-in on a CPU
-(``tests/ut/test_fia_graph_tasks.py``). The runner calls ``update`` after each FULL
-graph replay (``worker/npu_model_runner.py``).
+The device tensors a task reads (block table, slots) are the builder's persistent
+buffers, rewritten in place each step (``builder.py``); only the host lists change here.
+
+``FiaGraphTasks`` holds the tasks of every captured graph, keyed by vLLM's batch
+descriptor of that graph; the device module (``torch.npu``) and the ``.out`` / workspace
+callables are passed in, so the same code runs against a stand-in on a CPU
+(``tests/ut/test_fia_graph_tasks.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,13 +52,13 @@ class FiaGraphTasks:
     device: Any                                  # torch.npu (or a stand-in)
     fia_out: Callable[..., Any]                  # npu_fused_infer_attention_score.out
     fia_workspace: Callable[..., torch.Tensor]   # ..._get_max_workspace
-    tasks: dict[int, list[FiaTask]] = field(default_factory=dict)
+    tasks: dict[Hashable, list[FiaTask]] = field(default_factory=dict)
     _stream: Any = None
 
     def capturing(self) -> bool:
         return bool(self.device.is_current_stream_capturing())
 
-    def capture(self, key: int, args: tuple, kwargs: dict,
+    def capture(self, key: Hashable, args: tuple, kwargs: dict,
                 host_lists: dict[str, Sequence[int]]) -> torch.Tensor:
         """Issue one FIA call as an updatable task of the graph being captured under
         ``key``; returns its attention output (a buffer the graph owns)."""
@@ -76,22 +79,31 @@ class FiaGraphTasks:
             FiaTask(handle, event, args, call, len(host_lists["actual_seq_lengths"])))
         return attn
 
-    def update(self, key: int, host_lists: dict[str, Sequence[int]]) -> int:
-        """Re-issue every task of graph ``key`` with this step's host lists (call once
-        per replay of that graph); returns how many tasks were updated."""
-        tasks = self.tasks.get(key, ())
+    def check(self, key: Hashable, host_lists: dict[str, Sequence[int]]) -> list[FiaTask]:
+        """The tasks of graph ``key``, after checking this step's lists fit them."""
+        tasks = self.tasks.get(key, [])
+        if tasks:
+            _check_lists(host_lists)
+            n = len(host_lists["actual_seq_lengths"])
+            if n != tasks[0].num_reqs:
+                raise BatchMetadataError(
+                    f"FIA graph update for graph {key}: {n} requests in this step's host "
+                    f"lists, {tasks[0].num_reqs} at capture (the runner must pad the batch "
+                    "to the captured size)")
+        return tasks
+
+    def update(self, key: Hashable, host_lists: dict[str, Sequence[int]]) -> int:
+        """Re-issue every task of graph ``key`` with this step's host lists; call once
+        before each replay of that graph. Returns how many tasks were updated."""
+        tasks = self.check(key, host_lists)
         if not tasks:
             return 0
-        _check_lists(host_lists)
-        n = len(host_lists["actual_seq_lengths"])
-        if n != tasks[0].num_reqs:
-            raise BatchMetadataError(
-                f"FIA graph update for the {key}-token graph: {n} requests in this step's "
-                f"host lists, {tasks[0].num_reqs} at capture (the runner must pad the "
-                "batch to the captured size)")
         if self._stream is None:
             self._stream = self.device.Stream()
         stream = self._stream
+        # After everything already queued (the previous replay of this graph among it):
+        # a task is never re-parameterized under a replay still running it.
+        stream.wait_stream(self.device.current_stream())
         with self.device.stream(stream):
             for task in tasks:
                 self.device.graph_task_update_begin(stream, task.handle)
@@ -129,22 +141,39 @@ def for_device(vllm_config, device) -> FiaGraphTasks | None:
                          torch_npu._npu_fused_infer_attention_score_get_max_workspace)
 
 
-def update_step(attn_metadata, num_tokens: int) -> int:
-    """After a FULL graph replay: update every FIA graph task of the ``num_tokens`` graph
-    with this step's host lists (``attn_metadata``: the forward context's, layer name ->
-    metadata). Returns how many tasks were updated."""
-    if not attn_metadata:
-        return 0
+def graph_key(default: Hashable) -> Hashable:
+    """The key of the graph being captured: vLLM's batch descriptor when a forward
+    context is set (the engine), else ``default`` (standalone use)."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if is_forward_context_available():
+        descriptor = get_forward_context().batch_descriptor
+        if descriptor is not None:
+            return descriptor
+    return default
+
+
+def _step_lists(attn_metadata):
+    """(graph tasks, host lists) of each FIA metadata group of a step, once per group."""
     metadatas = attn_metadata.values() if isinstance(attn_metadata, dict) else ()
-    done: set[int] = set()
-    updated = 0
+    seen: set[int] = set()
     for md in metadatas:
         tasks = getattr(md, "graph_tasks", None)
-        if tasks is None or id(tasks) in done:
+        if tasks is None or id(tasks) in seen:
             continue
-        done.add(id(tasks))
+        seen.add(id(tasks))
         if md.split is not None:
             raise BatchMetadataError("a split (mixed) step was replayed as a decode graph")
-        updated += tasks.update(num_tokens, {"actual_seq_lengths": md.actual_seq_lengths_q,
-                                             "actual_seq_lengths_kv": md.actual_seq_lengths_kv})
-    return updated
+        yield tasks, {"actual_seq_lengths": md.actual_seq_lengths_q,
+                      "actual_seq_lengths_kv": md.actual_seq_lengths_kv}
+
+
+def update_before_replay(attn_metadata, key: Hashable) -> int:
+    """Before graph ``key`` replays: check every group's lists first (nothing is issued
+    if one does not fit), then update every FIA task of that graph with this step's
+    host lists (``attn_metadata``: the forward context's, layer name -> metadata).
+    Returns how many tasks were updated."""
+    groups = list(_step_lists(attn_metadata or {}))
+    for tasks, lists in groups:
+        tasks.check(key, lists)
+    return sum(tasks.update(key, lists) for tasks, lists in groups)

@@ -6,6 +6,7 @@ import torch
 from torch.profiler import record_function
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 
+from vllm_ascend_ext.attention.fia.graph_tasks import graph_key
 from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
 from vllm_ascend_ext.attention.kv_layout import plane_views
 from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
@@ -119,9 +120,9 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
         )
         tasks = md.graph_tasks
         if tasks is not None and tasks.capturing():
-            # A decode graph being captured: FIA becomes a task whose host lists the
-            # runner updates on every replay (attention/fia/graph_tasks.py).
-            attn = tasks.capture(query.shape[0], args, kwargs,
+            # A decode graph being captured: FIA becomes a task whose host lists are
+            # updated before every replay (attention/fia/graph_tasks.py).
+            attn = tasks.capture(graph_key(query.shape[0]), args, kwargs,
                                  {"actual_seq_lengths": cu_q, "actual_seq_lengths_kv": kv_lens})
         else:
             attn, _ = npu_fused_infer_attention_score(
