@@ -1,7 +1,8 @@
 """Device API names a class reaches, read from source (no device, no import of torch_npu).
 
-``reach(cls)`` walks every method ``cls`` has (its own and inherited), unwrapping
-decorators, and follows calls into functions and classes of vLLM (or this plugin) up to
+``reach(cls)`` walks every method ``cls`` has (its own and inherited, and an overridden
+one where the override calls it through ``super()``), unwrapping decorators, and follows
+calls into functions and classes of vLLM (or this plugin) up to
 ``depth`` levels, collecting attribute chains such as ``torch.cuda.Stream`` and
 ``torch.accelerator.empty_cache``. A static over-approximation: it also reports names on
 branches a platform never takes, which is why the NPU worker's tables name the fact that
@@ -36,6 +37,13 @@ def _source_tree(fn) -> ast.AST | None:
         return None
 
 
+def _source(fn) -> str:
+    try:
+        return inspect.getsource(inspect.unwrap(fn))
+    except (OSError, TypeError):
+        return ""
+
+
 def _chains_and_calls(fn, prefixes) -> tuple[set[str], set[str]]:
     tree = _source_tree(fn)
     if tree is None:
@@ -67,11 +75,14 @@ def reach(cls, prefixes=("torch.cuda.", "torch.accelerator."), depth: int = 3) -
     found: dict[str, set[str]] = defaultdict(set)
     todo = []
     for name in dir(cls):
-        owner = next((k for k in cls.__mro__ if name in k.__dict__), None)
-        if owner is None or not owner.__module__.startswith(OURS):
-            continue
-        for f in _functions_of(type("_", (), {name: owner.__dict__[name]})):
-            todo.append((f, 0, f"{owner.__name__}.{name}"))
+        # The definition that runs, and each one it reaches through ``super().name(``.
+        for owner in (k for k in cls.__mro__ if name in k.__dict__):
+            if not owner.__module__.startswith(OURS):
+                break
+            fns = list(_functions_of(type("_", (), {name: owner.__dict__[name]})))
+            todo.extend((f, 0, f"{owner.__name__}.{name}") for f in fns)
+            if not any(f"super().{name}(" in _source(f) for f in fns):
+                break
     seen = set()
     while todo:
         f, d, where = todo.pop()

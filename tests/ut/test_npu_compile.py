@@ -113,9 +113,9 @@ def _step(config, fn, kv_lens, seed):
     return out.view(n, NQ, D), expected
 
 
-def test_compiled_graph_holds_one_opaque_attention_call_and_no_step_values(npu_platform):
-    config, attn = _attention_layer(npu_platform)
-    assert attn.use_direct_call is False          # the NPU platform's opaque attention
+def _compile(attn):
+    """Dynamo over one attention layer as vLLM compiles (whole graph, static shapes);
+    returns (compiled module, the FX graphs Dynamo produced)."""
     graphs = []
 
     def backend(gm, example_inputs):
@@ -124,6 +124,13 @@ def test_compiled_graph_holds_one_opaque_attention_call_and_no_step_values(npu_p
 
     torch._dynamo.reset()
     compiled = torch.compile(OneLayer(attn), backend=backend, fullgraph=True, dynamic=False)
+    return compiled, graphs
+
+
+def test_compiled_graph_holds_one_opaque_attention_call_and_no_step_values(npu_platform):
+    config, attn = _attention_layer(npu_platform)
+    assert attn.use_direct_call is False          # the NPU platform's opaque attention
+    compiled, graphs = _compile(attn)
     for seed, kv_lens in enumerate(STEPS):
         out, expected = _step(config, compiled, kv_lens, seed)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
@@ -139,14 +146,7 @@ def test_compiled_graph_holds_one_opaque_attention_call_and_no_step_values(npu_p
 def test_negative_control_a_direct_call_does_not_give_one_graph_for_both_steps(npu_platform):
     config, attn = _attention_layer(npu_platform)
     attn.use_direct_call = True                    # what a non-opaque platform gets
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    compiled = torch.compile(OneLayer(attn), backend=backend, fullgraph=True, dynamic=False)
+    compiled, graphs = _compile(attn)
     try:
         for seed, kv_lens in enumerate(STEPS):
             _step(config, compiled, kv_lens, seed)
