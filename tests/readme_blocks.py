@@ -110,3 +110,37 @@ def output_mismatch(block: Block, output: str) -> str | None:
 
 def _pattern(line: str) -> re.Pattern:
     return re.compile(".*".join(re.escape(part) for part in line.strip().split("...")))
+
+
+# vLLM 0.32's own shutdown race, in drain mode too: the API server stops its engine client
+# in an executor thread (entrypoints/launchers/launcher.py), which cancels the client's
+# output-queue task (v1/engine/core_client.py, "cleaning up background resources") before
+# AsyncLLM.shutdown cancels the output handler; when the event loop runs in between, the
+# handler reads the EngineDeadError the cancelled task queued and logs it. By then every
+# request has finished and the engine has stopped ("MPClient: complete").
+_SHUTDOWN_DONE = "[shutdown] MPClient: complete"
+_HANDLER_LINE = re.compile(r"^\(APIServer pid=\d+\) ERROR .*\[async_llm\.py:\d+\] ")
+
+
+def without_vllm_shutdown_race(log: str) -> str:
+    """``log`` less vLLM's output-handler EngineDeadError block logged after the engine stopped.
+
+    Only a block that starts with ``AsyncLLM output_handler failed.`` after the
+    ``MPClient: complete`` line, whose lines all
+    come from ``async_llm.py`` and whose last line is the ``EngineDeadError``, is removed;
+    anything else (another traceback, one before the engine stopped) stays.
+    """
+    lines = log.splitlines(keepends=True)
+    done = next((i for i, ln in enumerate(lines) if _SHUTDOWN_DONE in ln), None)
+    if done is None:
+        return log
+    start = next((i for i in range(done + 1, len(lines)) if _HANDLER_LINE.match(lines[i])
+                  and lines[i].rstrip().endswith("AsyncLLM output_handler failed.")), None)
+    if start is None:
+        return log
+    end = start + 1
+    while end < len(lines) and _HANDLER_LINE.match(lines[end]):
+        end += 1
+    if "vllm.v1.engine.exceptions.EngineDeadError: " not in lines[end - 1]:
+        return log
+    return "".join(lines[:start] + lines[end:])

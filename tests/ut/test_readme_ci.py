@@ -68,3 +68,27 @@ def test_readme_soc_table_is_every_soc_the_code_knows():
         assert f"| `{chip.name}` | {chip.family} | {chip.version} | {served} |" in text, chip
     for alias, name in soc.aliases().items():
         assert f"`{alias}`" in text and soc.from_name(alias).name == name
+
+
+_P = "(APIServer pid=7) "
+_RACE = "".join(_P + "ERROR 12-01 14:24:43 [async_llm.py:906] " + ln + "\n" for ln in (
+    "AsyncLLM output_handler failed.", "Traceback (most recent call last):",
+    '  File "vllm/v1/engine/async_llm.py", line 849, in output_handler',
+    "    outputs = await engine_core.get_output_async()",
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
+    "trace (above) for the root cause."))
+_STOPPED = _P + "INFO 12-01 14:24:43 [core_client.py:777] [shutdown] MPClient: complete\n"
+_AFTER = _P + "INFO 12-01 14:24:43 [launcher.py:279] [shutdown] API server: engine client stopped\n"
+
+
+def test_only_vllms_shutdown_race_is_taken_out_of_a_server_log():
+    clean = "start\n" + _STOPPED + _AFTER
+    assert rb.without_vllm_shutdown_race("start\n" + _STOPPED + _RACE + _AFTER) == clean
+    # Negative controls: before the engine stopped, another error, another traceback.
+    early = "start\n" + _RACE + _STOPPED + _AFTER
+    assert rb.without_vllm_shutdown_race(early) == early
+    other = "start\n" + _STOPPED + _RACE.replace("EngineDeadError:", "RuntimeError:") + _AFTER
+    assert rb.without_vllm_shutdown_race(other) == other
+    extra = "Traceback (most recent call last):\nValueError: x\n"
+    kept = rb.without_vllm_shutdown_race(extra + _STOPPED + _RACE + _AFTER)
+    assert kept == extra + _STOPPED + _AFTER and "Traceback" in kept
