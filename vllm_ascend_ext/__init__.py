@@ -72,6 +72,7 @@ def register() -> None:
     from vllm_ascend_ext.attention.fia.backend import BACKEND_NAME as FIA
     from vllm_ascend_ext.attention.sfa.backend import BACKEND_NAME as SFA
     from vllm_ascend_ext.models import register_models
+    from vllm_ascend_ext.moe.method import register as register_moe
     from vllm_ascend_ext.platform.selection import FIA_BACKEND_PATH, SFA_BACKEND_PATH
     from vllm_ascend_ext.quantization.config import register as register_quantization
 
@@ -80,6 +81,7 @@ def register() -> None:
             register_backend(name, path)
     register_quantization()
     register_models()
+    register_moe()
     from vllm_ascend_ext.ops._ext import report_if_missing
 
     report_if_missing()

@@ -46,6 +46,14 @@ def corrupt_block_table() -> None:
     builder.AscendSFAMetadataBuilder.build = build
 
 
+def corrupt_moe_bias() -> None:
+    """Negative control: MoE routing selects experts without the correction bias."""
+    from vllm_ascend_ext.moe import experts
+
+    original = experts.route
+    experts.route = lambda plan, logits, bias: original(plan, logits, bias * 0)
+
+
 SELECTION: dict[str, int] = {"max_selected": 0, "max_visible": 0, "calls": 0,
                              "first_step_tokens": 0}
 
@@ -82,6 +90,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--count-ops", action="store_true")
     ap.add_argument("--corrupt-block-table", action="store_true")
+    ap.add_argument("--corrupt-moe-bias", action="store_true")
     ap.add_argument("--dense-topk", action="store_true", help="index_topk = 4096 (no sparsity)")
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--dummy", action="store_true", help="load_format=dummy")
@@ -89,6 +98,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
+    if args.corrupt_moe_bias:
+        corrupt_moe_bias()
     probe_indexer()
 
     from vllm import LLM, SamplingParams
@@ -140,6 +151,8 @@ def main() -> None:
         counter.__exit__(None, None, None)
     result = {
         "model_class": type(model).__name__,
+        "moe_methods": sorted({type(m.quant_method).__name__ for m in model.modules()
+                               if "MoE" in type(getattr(m, "quant_method", None)).__name__}),
         "quant": llm.llm_engine.vllm_config.model_config.quantization,
         "backends": sorted({layer.attn_backend.get_name() for layer in layers}),
         "routes": [[layer.route.preprocess, layer.route.reason] for layer in layers],

@@ -42,6 +42,27 @@ def corrupt_block_table() -> None:
     fia_builder.AscendFIAMetadataBuilder.build = build
 
 
+def corrupt_moe_routing() -> None:
+    """Negative control: MoE routing weights left unnormalised (norm_topk_prob ignored)."""
+    import dataclasses
+
+    from vllm_ascend_ext.moe import experts
+
+    original = experts.route
+
+    def route(plan, router_logits, bias):
+        return original(dataclasses.replace(plan, renormalize=not plan.renormalize),
+                        router_logits, bias)
+
+    experts.route = route
+
+
+def _moe_methods(llm) -> list[str]:
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    return sorted({type(m.quant_method).__name__ for m in runner.model.modules()
+                   if "MoE" in type(getattr(m, "quant_method", None)).__name__})
+
+
 def _builders(llm):
     """The in-process engine's attention metadata builders (test helper)."""
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
@@ -58,14 +79,18 @@ def main() -> None:
     ap.add_argument("--ngram", action="store_true", help="ngram speculation, 3 draft tokens")
     ap.add_argument("--many", action="store_true", help="32 prompts of varied length")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--model", choices=("qwen3", "qwen_moe"), default="qwen3")
+    ap.add_argument("--corrupt-moe-routing", action="store_true")
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
+    if args.corrupt_moe_routing:
+        corrupt_moe_routing()
 
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
 
-    from vllm_ascend_ext.models import tiny_model_path
+    from vllm_ascend_ext.models import tiny_model_path, tiny_qwen_moe_path
 
     kwargs = {}
     if args.mixed_split:
@@ -76,7 +101,8 @@ def main() -> None:
     if args.max_num_batched_tokens:
         kwargs.update(max_num_batched_tokens=args.max_num_batched_tokens,
                       enable_chunked_prefill=True)
-    llm = LLM(model=tiny_model_path(), dtype=args.dtype, seed=0, max_model_len=1024,
+    model = tiny_qwen_moe_path() if args.model == "qwen_moe" else tiny_model_path()
+    llm = LLM(model=model, dtype=args.dtype, seed=0, max_model_len=1024,
               enforce_eager=args.enforce_eager, **kwargs)
     ctx = llm.llm_engine.vllm_config.compilation_config.static_forward_context
     backends = sorted({type(layer.attn_backend).__name__ if not isinstance(layer.attn_backend, type)
@@ -102,6 +128,7 @@ def main() -> None:
         "backends": backends,
         "split_stats": [{"mixed": st.mixed, "split": st.split, "declined": dict(st.declined)}
                         for st in stats],
+        "moe_methods": _moe_methods(llm),
         "num_attention_layers": sum(1 for v in ctx.values() if hasattr(v, "attn_backend")),
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
         "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]

@@ -27,12 +27,27 @@ def test_tiny_qwen3_runs_in_contract_mode_with_no_violation(runs):
     assert on["tokens"] == off["tokens"] and on["logprobs"] == off["logprobs"]
 
 
+def test_tiny_qwen_moe_runs_in_contract_mode_with_no_violation(runs):
+    """Softmax top-k routing (npu_moe_gating_top_k_softmax) and the expert operators."""
+    args = ("--model", "qwen_moe", *BF16_CHUNKED)
+    off = runs(*args, emulate=True)
+    on = runs(*args, emulate=True, ASCEND_EXT_NPU_CONTRACT="1")
+    contract = on["contract"]
+    assert contract["violations"] == 0
+    assert set(contract["calls"]) == ({"npu_fused_infer_attention_score", "npu_scatter_pa_kv_cache",
+                                       "npu_moe_gating_top_k_softmax"}
+                                      | MOE_OPS - {"npu_moe_gating_top_k"}), contract["summary"]
+    assert on["tokens"] == off["tokens"] and on["logprobs"] == off["logprobs"]
+
+
 DSA_ARGS = ("--dtype", "bfloat16", "--max-num-batched-tokens", "64", "--min-words", "130",
             "--num-prompts", "2", "--max-tokens", "4")
+MOE_OPS = {"npu_moe_gating_top_k", "npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_swiglu",
+           "npu_moe_token_unpermute"}
 NATIVE_OPS = {"npu_rms_norm", "npu_interleave_rope", "npu_kv_rmsnorm_rope_cache",
-              "npu_lightning_indexer", "npu_sparse_flash_attention"}
+              "npu_lightning_indexer", "npu_sparse_flash_attention"} | MOE_OPS
 PROLOG_W8A8_OPS = {"npu_format_cast", "npu_dynamic_quant", "npu_quant_matmul", "npu_mla_prolog_v3",
-                   "npu_lightning_indexer", "npu_sparse_flash_attention"}
+                   "npu_lightning_indexer", "npu_sparse_flash_attention"} | MOE_OPS
 
 
 @pytest.mark.parametrize("extra,ops", [((), NATIVE_OPS), (("--quantized",), PROLOG_W8A8_OPS)],

@@ -42,6 +42,11 @@ def _decode(run):
 def test_generates_through_the_sfa_backend_and_matches_independent_dense_math(dsa):
     r = dsa(*CHUNKED)
     assert r["model_class"] == "AscendDeepseekV32ForCausalLM" and r["backends"] == ["ASCEND_EXT_SFA"]
+    assert r["moe_methods"] == ["AscendFusedMoEMethod"]   # the plugin's MoE method routes
+    decode = _decode(r)                                     # one MoE layer (layer 1)
+    assert [decode[op] for op in ("npu_moe_gating_top_k", "npu_moe_init_routing_v2",
+                                  "npu_grouped_matmul", "npu_swiglu",
+                                  "npu_moe_token_unpermute")] == [1, 1, 2, 1, 1]
     assert r["chunked_prefill"] and r["block_size"] == 128
     # Three separate contiguous caches per layer (latent 128, rope 64, indexer key 128 in the
     # tiny model), all in one KV-cache group: one block table for all of them.
@@ -71,6 +76,8 @@ def test_negative_controls_change_the_result(dsa):
     assert broken["tokens"] != base["tokens"] and _max_lp_diff(base, broken) > 0.1
     dense = dsa(*CHUNKED, "--dense-topk")            # every visible key: sparsity matters here
     assert dense["tokens"] != base["tokens"] and _max_lp_diff(base, dense) > 0.1
+    unbiased = dsa(*CHUNKED, "--corrupt-moe-bias")   # MoE experts chosen without the bias
+    assert _max_lp_diff(base, unbiased) > 0.05
 
 
 def test_w8a8_model_takes_the_fused_prolog_and_matches_the_native_chain(dsa):

@@ -35,3 +35,18 @@ def test_shipped_tokenizer_matches_the_generator_and_has_a_chat_template(tmp_pat
         assert (tmp_path / name).read_bytes() == (TINY_QWEN3 / name).read_bytes(), name
     assert json.loads((TINY_QWEN3 / "tokenizer_config.json").read_text())["chat_template"] \
         == CHAT_TEMPLATE
+
+
+def test_shipped_qwen_moe_matches_its_generator_and_routes_non_trivially():
+    from vllm_ascend_ext.models import TINY_QWEN_MOE
+    from vllm_ascend_ext.models import make_tiny_qwen_moe as gen
+
+    shipped = load_file(str(TINY_QWEN_MOE / "model.safetensors"))
+    fresh = gen.make_weights()
+    assert shipped.keys() == fresh.keys()
+    assert all(torch.equal(shipped[k], v) for k, v in fresh.items())
+    assert json.loads((TINY_QWEN_MOE / "config.json").read_text()) == gen.CONFIG
+    # Router logits of embedded tokens spread over units: top-2 choices differ by token.
+    logits = fresh["model.embed_tokens.weight"][:64] @ fresh["model.layers.0.mlp.gate.weight"].T
+    assert logits.std() > 1.0
+    assert len({tuple(sorted(r)) for r in logits.topk(2).indices.tolist()}) > 8

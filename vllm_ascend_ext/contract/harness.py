@@ -51,6 +51,13 @@ REFERENCES = {
     "npu_dynamic_quant": "vllm_ascend_ext.ops.quant:dynamic_quant_reference",
     "npu_quant_matmul": "vllm_ascend_ext.ops.quant:quant_matmul_reference",
     "npu_format_cast": "vllm_ascend_ext.ops.format:format_cast_reference",
+    "npu_moe_gating_top_k": "vllm_ascend_ext.ops.moe_gating:gating_top_k_reference",
+    "npu_moe_gating_top_k_softmax":
+        "vllm_ascend_ext.ops.moe_gating:gating_top_k_softmax_reference",
+    "npu_moe_init_routing_v2": "vllm_ascend_ext.ops.moe_dispatch:init_routing_v2_reference",
+    "npu_moe_token_unpermute": "vllm_ascend_ext.ops.moe_dispatch:token_unpermute_reference",
+    "npu_grouped_matmul": "vllm_ascend_ext.ops.grouped_matmul:grouped_matmul_reference",
+    "npu_swiglu": "vllm_ascend_ext.ops.grouped_matmul:swiglu_reference",
 }
 
 

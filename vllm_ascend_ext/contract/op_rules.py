@@ -278,7 +278,60 @@ NORM_QUANT_RULES = (
          _output_dtype),
 )
 
-RULES: tuple[Rule, ...] = FIA_RULES + SCATTER_RULES + SFA_RULES + NORM_QUANT_RULES
+# --- MoE --------------------------------------------------------------------------------
+
+GATE, GATE_SM, INIT, GMM, SWIGLU, UNPERMUTE = (
+    "npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax", "npu_moe_init_routing_v2",
+    "npu_grouped_matmul", "npu_swiglu", "npu_moe_token_unpermute")
+
+
+def _value_in(name: str, *allowed):
+    def check(call: Call) -> str | None:
+        value = call.values.get(name)
+        return None if value in allowed else f"{name}={value!r}; allowed: {list(allowed)}"
+    return check
+
+
+def _expert_num(call: Call) -> int:
+    return int(call.values.get("expert_num") or 0)
+
+
+def _group_list(call: Call) -> str | None:
+    groups = tensor(call, "group_list")
+    if groups is None:
+        return None
+    if groups.dtype != I64:
+        return f"dtype {groups.dtype}; group_list must be int64"
+    if call.values.get("group_list_type") == 1 and groups.numel() == 1:
+        return "one group; with group_list_type=1 the list must not have length 1"
+    return None
+
+
+def _pairs(call: Call) -> int:
+    indices = tensor(call, "sorted_indices")
+    return 0 if indices is None else indices.numel()
+
+
+MOE_RULES = (
+    Rule(GATE, "x", "最后一维的大小（即专家数）要求不大于", dtype_in("x", F16, BF16, F32)),
+    Rule(GATE, "bias", "数据类型需要与`x`保持一致", _same_dtype("bias", "x")),
+    Rule(GATE, "renorm", "当前仅支持`0`", _value_in("renorm", 0)),
+    Rule(GATE_SM, "x", "表示待计算的输入要求是一个2D/3D的Tensor, 数据类型支持float16、bfloat16、float32",
+         dtype_in("x", F16, BF16, F32)),
+    Rule(INIT, "expert_idx", "且专家id不能超过专家数。数据类型支持int32",
+         all_of(dtype_in("expert_idx", I32), indices_in_range("expert_idx", _expert_num, False))),
+    Rule(INIT, "drop_pad_mode", "1表示drop_pad场景。当前仅支持0", _value_in("drop_pad_mode", 0)),
+    Rule(INIT, "expert_tokens_num_type", "当前仅支持1和2", _value_in("expert_tokens_num_type", 1, 2)),
+    Rule(INIT, "expert_tokens_num_flag", "当前仅支持True", _value_in("expert_tokens_num_flag", True)),
+    Rule(INIT, "quant_mode", "当前仅支持-1和1", _value_in("quant_mode", -1, 1)),
+    Rule(GMM, "group_list", "当group_list_type为1时, group_list必须为非负数列, 且长度不能为1", _group_list),
+    Rule(SWIGLU, "self", "dtype支持FP32、FP16或BF16类型", dtype_in("self", F16, BF16, F32)),
+    Rule(UNPERMUTE, "sorted_indices", "取值范围是[0, tokens_num * topK_num - 1]，且没有重复索引",
+         all_of(dtype_in("sorted_indices", I32), indices_in_range("sorted_indices", _pairs, False))),
+    Rule(UNPERMUTE, "padded_mode", "padded_mode当前仅支持False", _value_in("padded_mode", False)),
+)
+
+RULES: tuple[Rule, ...] = FIA_RULES + SCATTER_RULES + SFA_RULES + NORM_QUANT_RULES + MOE_RULES
 # Operators with a yaml schema but no Python Meta kernel in the wheel (their meta lives in
 # torch_npu's C++ library): the harness binds the schema and checks the rules only.
 WITHOUT_PYTHON_META = {"npu_format_cast": "torch_npu registers it in C++ (format casts are "

@@ -12,6 +12,15 @@ def tiny_model_path() -> str:
     return str(TINY_QWEN3)
 
 
+TINY_QWEN_MOE = Path(__file__).resolve().parent / "tiny_qwen_moe"
+
+
+def tiny_qwen_moe_path() -> str:
+    """Embedded tiny Qwen MoE model (Qwen2-MoE architecture: softmax top-2 of 8 experts,
+    renormalised, and a gated shared expert), realistic-scale weights."""
+    return str(TINY_QWEN_MOE)
+
+
 TINY_DSA = Path(__file__).resolve().parent / "tiny_dsa"
 TINY_DSA_W8A8 = Path(__file__).resolve().parent / "tiny_dsa_w8a8"
 

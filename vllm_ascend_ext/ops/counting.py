@@ -37,7 +37,8 @@ _ACTIVE: list[OpCounter] = []
 # Bookkeeping, not kernels.
 IGNORED_NAMESPACES = ("profiler",)
 # Custom-op wrappers whose body is counted instead of the wrapper: name -> Python body.
-TRANSPARENT_OPS = {"ascend_ext.sfa_forward": "vllm_ascend_ext.attention.sfa.layer:run_sfa_forward"}
+TRANSPARENT_OPS = {"ascend_ext.sfa_forward": "vllm_ascend_ext.attention.sfa.layer:run_sfa_forward",
+                   "ascend_ext.moe_routed_experts": "vllm_ascend_ext.moe.method:run_routed_experts"}
 
 
 @functools.cache

@@ -56,3 +56,17 @@ def sfa_block_size(cache_config) -> None:
             f"ascend_ext SFA backend: block_size={cache_config.block_size} is not a multiple "
             f"of {BLOCK_SIZE_ALIGN} (the indexer / sparse-attention kernels' requirement)"
         )
+
+
+def refuse_expert_parallel(vllm_config) -> None:
+    """The plugin's MoE method runs every expert on every rank: no all-to-all yet."""
+    parallel = vllm_config.parallel_config
+    if getattr(parallel, "enable_expert_parallel", False):
+        raise AscendExtError(
+            "--enable-expert-parallel: the ascend_ext MoE method has no all-to-all "
+            "communicator yet (npu_moe_distribute_dispatch/combine); run without expert "
+            "parallelism (experts are then split by tensor parallelism)")
+    if getattr(parallel, "enable_eplb", False):
+        raise AscendExtError(
+            "--enable-eplb: expert load balancing needs expert parallelism, which the "
+            "ascend_ext MoE method does not support yet")

@@ -22,6 +22,7 @@ from vllm_ascend_ext.platform.allocator import keep_large_blocks_in_heap
 from vllm_ascend_ext.platform.config_hooks import (
     apply_quant_description,
     is_sparse_mla_model,
+    refuse_expert_parallel,
     sfa_block_size,
     validate_plugin_config,
 )
@@ -64,6 +65,7 @@ class EmulatedAscendPlatform(CpuPlatform):
                              "against torch-npu %s (pretending %s)", ORACLE_VERSION,
                              cls.soc().name)
         apply_quant_description(vllm_config)
+        refuse_expert_parallel(vllm_config)
         sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":

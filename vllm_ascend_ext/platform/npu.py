@@ -22,6 +22,7 @@ from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.config_hooks import (
     apply_quant_description,
     is_sparse_mla_model,
+    refuse_expert_parallel,
     sfa_block_size,
     validate_plugin_config,
 )
@@ -190,6 +191,7 @@ class AscendNPUPlatform(Platform):
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_CLS
         apply_quant_description(vllm_config)
+        refuse_expert_parallel(vllm_config)
         apply_graph_mode(vllm_config, sparse=is_sparse_mla_model(vllm_config.model_config))
         refuse_unsupported_parallelism(vllm_config)
         use_v1_runner(vllm_config)

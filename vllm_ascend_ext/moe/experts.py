@@ -1,0 +1,71 @@
+"""One MoE layer's routed experts as torch_npu operator calls (pure functions).
+
+A step issues a fixed sequence per layer, whatever the number of experts and tokens:
+
+1. routing: ``npu_moe_gating_top_k`` or ``npu_moe_gating_top_k_softmax`` (see
+   ``routing.py``), plus at most two element-wise operations for the combinations the
+   kernels do not produce;
+2. ``npu_moe_init_routing_v2``: the (token, k) pairs sorted by expert, the tokens copied in
+   that order, the per-expert counts (the group list);
+3. ``npu_grouped_matmul`` with ``w13 [E, H, 2I]``, ``npu_swiglu``, ``npu_grouped_matmul``
+   with ``w2 [E, I, H]``: every expert's FFN over its consecutive rows;
+4. ``npu_moe_token_unpermute``: each token's rows weighted by its routing weights, summed.
+
+Weights are in the kernels' ``[E, K, N]`` layout (vLLM loads ``[E, N, K]``; the method
+transposes once after loading).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_ascend_ext.moe.routing import GATING, RoutingPlan
+from vllm_ascend_ext.ops.grouped_matmul import npu_grouped_matmul, npu_swiglu
+from vllm_ascend_ext.ops.moe_dispatch import npu_moe_init_routing_v2, npu_moe_token_unpermute
+from vllm_ascend_ext.ops.moe_gating import npu_moe_gating_top_k, npu_moe_gating_top_k_softmax
+
+
+def route(plan: RoutingPlan, router_logits: torch.Tensor,
+          bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k], expert ids [T, k] int32) for ``router_logits [T, E]``."""
+    if plan.op != GATING:
+        weights, ids, _ = npu_moe_gating_top_k_softmax(router_logits, None, k=plan.top_k)
+        if plan.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights, ids
+    if plan.use_bias:
+        assert bias is not None
+        if bias.dtype != router_logits.dtype:   # the kernel wants one dtype for both
+            router_logits = router_logits.float()
+            bias = bias.float()
+    weights, ids, norm = npu_moe_gating_top_k(
+        router_logits, plan.top_k, bias=bias if plan.use_bias else None,
+        k_group=plan.k_group, group_count=plan.group_count,
+        group_select_mode=plan.group_select_mode, renorm=0, norm_type=plan.norm_type,
+        out_flag=not plan.kernel_renormalizes,
+        routed_scaling_factor=plan.scaling if plan.kernel_scales else 1.0)
+    if plan.kernel_renormalizes:
+        return weights, ids
+    if plan.norm_type == 1:              # sigmoid, not renormalised: the unbiased scores
+        weights = norm.gather(1, ids.long())
+    else:                                # softmax, renormalised
+        weights = weights / weights.sum(-1, keepdim=True)
+    if plan.scaling != 1.0:
+        weights = weights * plan.scaling
+    return weights, ids
+
+
+def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                   w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """``sum_k weights[t, k] * FFN_{ids[t, k]}(x[t])`` for ``x [T, H]``, with
+    ``FFN_e(v) = (silu(v @ w13[e][:, :I]) * (v @ w13[e][:, I:])) @ w2[e]``."""
+    num_experts = w13.shape[0]
+    expanded, row_idx, counts, _ = npu_moe_init_routing_v2(
+        x, ids, active_num=-1, expert_num=num_experts, drop_pad_mode=0,
+        expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=-1,
+        active_expert_range=(0, num_experts), row_idx_type=0)
+    gate_up = npu_grouped_matmul([expanded], [w13], group_list=counts, split_item=2,
+                                 group_type=0, group_list_type=1)[0]
+    down = npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=counts, split_item=2,
+                              group_type=0, group_list_type=1)[0]
+    return npu_moe_token_unpermute(down, row_idx, probs=weights)

@@ -1,0 +1,167 @@
+"""``AscendFusedMoEMethod``: vLLM's unquantized fused-MoE method, on torch_npu's MoE operators.
+
+Registered with ``UnquantizedFusedMoEMethod.register_oot`` while the plugin's platform is
+active (``vllm_ascend_ext.register``), so every MoE layer vLLM builds without a quantized
+expert method gets it: the DeepSeek-V3.2 / GLM-5 layers of the plugin's DSA model (float
+and W8A8, whose routed experts stay unquantized), Qwen MoE and Qwen3-Next / Qwen3.5.
+
+On the emulated (CPU-based) platform vLLM calls the MoE layer directly inside the compiled
+model, where the references' per-expert row counts would be data-dependent shapes; the
+method then enters through ``torch.ops.ascend_ext.moe_routed_experts``, an opaque custom
+op (as vLLM's own ``moe_forward`` is on the NPU platform).
+
+It is *monolithic* in vLLM's terms: it receives the router logits and routes itself
+(``routing.plan_routing`` decides the gating operator once, when the weights are loaded;
+``experts.route`` and ``experts.routed_experts`` issue the calls). vLLM's MoE runner still
+runs the shared experts and adds them. Expert parallelism is refused at startup
+(``platform.config_hooks.refuse_expert_parallel``); the weights stay in vLLM's parameters,
+transposed once to the kernels' ``[E, K, N]`` layout.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from vllm.logger import init_logger
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+    UnquantizedFusedMoEMethod,
+)
+
+from vllm_ascend_ext.moe import experts
+from vllm_ascend_ext.moe.routing import RoutingPlan, UnsupportedMoEError, plan_routing
+
+logger = init_logger("vllm.ascend_ext")
+
+
+def layer_routing_plan(layer) -> RoutingPlan:
+    """The routing plan of a vLLM ``RoutedExperts`` layer, or a refusal naming the feature."""
+    name = getattr(layer, "layer_name", type(layer).__name__)
+    moe = layer.moe_config
+    activation = getattr(getattr(layer, "activation", None), "value", None)
+    if activation != "silu" or not moe.is_act_and_mul:
+        raise UnsupportedMoEError(f"{name}: the ascend_ext MoE method runs SiLU-gated experts "
+                                  f"(npu_swiglu); this layer's activation is {activation!r}")
+    if moe.has_bias:
+        raise UnsupportedMoEError(f"{name}: the ascend_ext MoE method does not support expert biases")
+    if getattr(layer, "apply_router_weight_on_input", False):
+        raise UnsupportedMoEError(f"{name}: the ascend_ext MoE method does not support router "
+                                  "weights applied to the input")
+    if moe.has_hash_routing:
+        raise UnsupportedMoEError(f"{name}: the ascend_ext MoE method does not support hash routing")
+    if getattr(layer, "expert_map", None) is not None:
+        raise UnsupportedMoEError(f"{name}: expert parallelism is not supported by the ascend_ext "
+                                  "MoE method")
+    return plan_routing(
+        layer_name=name, top_k=layer.top_k, num_experts=layer.global_num_experts,
+        scoring_func=layer.scoring_func, renormalize=bool(layer.renormalize),
+        use_grouped_topk=bool(layer.use_grouped_topk), num_expert_group=layer.num_expert_group,
+        topk_group=layer.topk_group, has_bias=layer.e_score_correction_bias is not None,
+        routed_scaling_factor=float(layer.routed_scaling_factor),
+        custom_routing_function=layer.custom_routing_function)
+
+
+OP_NAMESPACE = "ascend_ext"
+
+
+def run_routed_experts(x: torch.Tensor, router_logits: torch.Tensor, layer_name: str) -> torch.Tensor:
+    """The body of ``torch.ops.ascend_ext.moe_routed_experts``."""
+    from vllm.forward_context import get_forward_context
+
+    layer = get_forward_context().no_compile_layers[layer_name].routed_experts
+    return layer.quant_method.compute(layer, x, router_logits)
+
+
+def _routed_experts_fake(x: torch.Tensor, router_logits: torch.Tensor, layer_name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@functools.cache
+def moe_library() -> torch.library.Library:
+    """Registers ``torch.ops.ascend_ext.moe_routed_experts`` on first use."""
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+    direct_register_custom_op("moe_routed_experts", run_routed_experts, mutates_args=[],
+                              fake_impl=_routed_experts_fake, target_lib=lib)
+    return lib
+
+
+class AscendFusedMoEMethod(UnquantizedFusedMoEMethod):
+    """Routing and experts through ``npu_moe_*`` / ``npu_grouped_matmul`` (module docstring)."""
+
+    def __init__(self, moe) -> None:
+        super().__init__(moe)
+        self.plan: RoutingPlan | None = None
+        from vllm.platforms import current_platform
+
+        # vLLM traces a CPU platform's MoE layers (no moe_forward custom op around them).
+        self.opaque_entry = current_platform.is_cpu()
+        if self.opaque_entry:
+            moe_library()
+
+    @property
+    def is_monolithic(self) -> bool:
+        return True
+
+    @property
+    def supports_eplb(self) -> bool:
+        return False
+
+    @property
+    def method_name(self) -> str:
+        return "ascend_ext"
+
+    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype,
+                            moe_parallel_config):
+        # No padding: the grouped matmul takes the model's sizes as they are.
+        return hidden_size, intermediate_size_per_partition
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
+                       params_dtype, **extra_weight_attrs):
+        self.plan = layer_routing_plan(layer)   # refuse before any weight is read
+        super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition,
+                               params_dtype, **extra_weight_attrs)
+
+    def process_weights_after_loading(self, layer) -> None:
+        # vLLM loads w13 [E, 2I, H] and w2 [E, H, I]; the grouped matmul takes [E, K, N].
+        for name in ("w13_weight", "w2_weight"):
+            param = getattr(layer, name)
+            param.data = param.data.transpose(1, 2).contiguous()
+        if self.plan is None:
+            self.plan = layer_routing_plan(layer)
+        logger.debug_once("ascend_ext: MoE layers routed by %s (%s)", self.plan.op,
+                          self.plan.describe())
+
+    def get_fused_moe_quant_config(self, layer):
+        return None
+
+    def apply_monolithic(self, layer, x: torch.Tensor, router_logits: torch.Tensor,
+                         input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if self.opaque_entry:
+            return getattr(torch.ops, OP_NAMESPACE).moe_routed_experts(x, router_logits,
+                                                                     layer.layer_name)
+        return self.compute(layer, x, router_logits)
+
+    def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        plan = self.plan
+        assert plan is not None, "process_weights_after_loading has not run"
+        weights, ids = experts.route(plan, router_logits, layer.e_score_correction_bias)
+        return experts.routed_experts(x, weights, ids, layer.w13_weight, layer.w2_weight)
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+        raise AssertionError("the ascend_ext MoE method routes itself (apply_monolithic)")
+
+
+def register() -> None:
+    """Make vLLM build this method wherever it would build its unquantized one (idempotent)."""
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    key = UnquantizedFusedMoEMethod.__name__
+    current = op_registry_oot.get(key)
+    if current is AscendFusedMoEMethod:
+        return
+    if current is not None:
+        raise RuntimeError(f"{key} is already replaced by {current!r}; ascend_ext will not "
+                           "replace it")
+    UnquantizedFusedMoEMethod.register_oot(AscendFusedMoEMethod)
