@@ -45,11 +45,16 @@ def child(variant: str, prompts: int, max_tokens: int) -> dict:
     decodes = [s for s in c.steps if s.kind == "decode"][:-1]
     total: Counter = Counter()
     in_layers: Counter = Counter()
+    in_moe: Counter = Counter()
     for s in decodes:
         total.update(s.ops)
         in_layers.update(s.in_layers)
+        in_moe.update(s.in_moe)
+    moe_layers = sum(1 for m in runner.model.modules()
+                     if type(getattr(m, "quant_method", None)).__name__ == "AscendFusedMoEMethod")
     return {"route": layers[0].route.preprocess, "layers": len(layers),
-            "decode_steps": len(decodes), "ops": dict(total), "in_layers": dict(in_layers)}
+            "decode_steps": len(decodes), "ops": dict(total), "in_layers": dict(in_layers),
+            "in_moe": dict(in_moe), "moe_layers": moe_layers}
 
 
 def spawn(variant: str, prompts: int, max_tokens: int) -> dict:
@@ -83,6 +88,22 @@ def table(runs: dict[str, dict]) -> str:
     lines.append(f"fused prolog route: {100 * (tb - ta) / ta:+.1f}% operator calls per decode step, "
                  f"{100 * (lb - la) / la:+.1f}% inside the attention layers "
                  f"({runs[a]['layers']} SFA layers, {runs[a]['decode_steps']} decode steps each)")
+    lines.append("")
+    lines.append(moe_table(runs))
+    return "\n".join(lines)
+
+
+def moe_table(runs: dict[str, dict]) -> str:
+    """The routed experts' operator calls per MoE layer per decode step (the plugin's MoE
+    method; the same in both variants, and constant in experts and tokens)."""
+    per_layer = {v: {k: n / (r["decode_steps"] * r["moe_layers"]) for k, n in r["in_moe"].items()}
+                 for v, r in runs.items()}
+    a, b = VARIANTS
+    lines = [f"{'MoE routed experts (calls per layer per step)':44s} {'native':>9s} {'prolog':>9s}"]
+    for k in sorted(set(per_layer[a]) | set(per_layer[b])):
+        lines.append(f"{k:44s} {per_layer[a].get(k, 0.0):9.1f} {per_layer[b].get(k, 0.0):9.1f}")
+    lines.append(f"{'TOTAL per MoE layer':44s} {sum(per_layer[a].values()):9.1f} "
+                 f"{sum(per_layer[b].values()):9.1f}   ({runs[a]['moe_layers']} MoE layer(s))")
     return "\n".join(lines)
 
 

@@ -39,6 +39,10 @@ IGNORED_NAMESPACES = ("profiler",)
 # Custom-op wrappers whose body is counted instead of the wrapper: name -> Python body.
 TRANSPARENT_OPS = {"ascend_ext.sfa_forward": "vllm_ascend_ext.attention.sfa.layer:run_sfa_forward",
                    "ascend_ext.moe_routed_experts": "vllm_ascend_ext.moe.method:run_routed_experts"}
+# Which per-step tally each wrapper's body also goes to (StepCounts.in_layers / in_moe).
+ATTENTION_REGION, MOE_REGION = "attention", "moe"
+REGIONS = {"ascend_ext.sfa_forward": ATTENTION_REGION,
+           "ascend_ext.moe_routed_experts": MOE_REGION}
 
 
 @functools.cache
@@ -63,8 +67,10 @@ class StepCounts:
     kind: str
     ops: Counter = field(default_factory=Counter)
     views: int = 0
-    # The part of ``ops`` that ran inside the plugin's layer entry ops (attention layers).
+    # The part of ``ops`` that ran inside the plugin's layer entry ops: attention layers
+    # (``in_layers``) and the MoE method's routed experts on the emulated platform (``in_moe``).
     in_layers: Counter = field(default_factory=Counter)
+    in_moe: Counter = field(default_factory=Counter)
 
     @property
     def total(self) -> int:
@@ -80,7 +86,7 @@ class OpCounter(TorchDispatchMode):
         self._steps_of = steps_of
         self._unwrap: Callable[[], None] | None = None
         self._opaque_depth = 0
-        self._region_depth = 0
+        self._regions: list[str] = []
         self._watched: dict[int, str] = {}
 
     def watch(self, tensor: torch.Tensor, label: str) -> None:
@@ -104,8 +110,10 @@ class OpCounter(TorchDispatchMode):
     def _count(self, name: str) -> None:
         bucket = self._bucket()
         bucket.ops[name] += 1
-        if self._region_depth:
+        if ATTENTION_REGION in self._regions:
             bucket.in_layers[name] += 1
+        if MOE_REGION in self._regions:
+            bucket.in_moe[name] += 1
 
     def record_npu_op(self, name: str) -> None:
         if self._opaque_depth == 0:
@@ -117,12 +125,12 @@ class OpCounter(TorchDispatchMode):
         if inner is not None:
             # The plugin's own entry ops (e.g. ascend_ext.sfa_forward) are wrappers:
             # count what runs inside them (their Python body), not the wrapper.
-            self._region_depth += 1
+            self._regions.append(REGIONS[str(func.overloadpacket)])
             try:
                 with self:
                     return inner(*args, **kwargs)
             finally:
-                self._region_depth -= 1
+                self._regions.pop()
         if self._opaque_depth == 0:
             if func.namespace in IGNORED_NAMESPACES:
                 return func(*args, **kwargs)
