@@ -86,6 +86,8 @@ def test_w8a8_model_takes_the_fused_prolog_and_matches_the_native_chain(dsa):
     assert fused["quant"] == "ascend_ext"             # selected from quant_model_description.json
     assert {rt[0] for rt in fused["routes"]} == {"prolog_v3"}
     assert "w8a8_dynamic" in fused["routes"][0][1]
+    # Routed experts quantized too: int8 grouped matmuls after per-row dynamic quantisation.
+    assert fused["moe_methods"] == native["moe_methods"] == ["AscendW8A8FusedMoEMethod"]
     assert {rt[0] for rt in native["routes"]} == {"native"}
     assert _decode(fused)["npu_mla_prolog_v3"] == 2 and "npu_mla_prolog_v3" not in _decode(native)
     assert fused["tokens"] == native["tokens"]

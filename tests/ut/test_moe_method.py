@@ -177,3 +177,35 @@ def test_registration_replaces_vllms_unquantized_method_once(monkeypatch):
     custom_op.op_registry_oot["UnquantizedFusedMoEMethod"] = object
     with pytest.raises(RuntimeError, match="already replaced"):
         method.register()
+
+
+def _quantized_row(values):
+    """npu_dynamic_quant of one row, by hand: symmetric int8, scale = max|v| / 127."""
+    scale = max(abs(v) for v in values) / 127
+    return [max(-128, min(127, round(v / scale))) if scale else 0 for v in values], scale
+
+
+def test_w8a8_experts_match_a_per_token_loop_with_per_row_quantisation():
+    g = torch.Generator().manual_seed(5)
+    tokens, hidden, inter, num = 5, 8, 4, 6
+    x = torch.randn(tokens, hidden, generator=g)
+    w13 = torch.randint(-127, 128, (num, 2 * inter, hidden), generator=g, dtype=torch.int8)
+    w2 = torch.randint(-127, 128, (num, hidden, inter), generator=g, dtype=torch.int8)
+    s13, s2 = torch.rand(num, 2 * inter, generator=g) / 50, torch.rand(num, hidden, generator=g) / 50
+    ids = torch.tensor([[0, 3], [3, 5], [1, 0], [5, 2], [3, 1]], dtype=torch.int32)
+    weights = torch.rand(tokens, 2, generator=g)
+    out = experts.routed_experts_w8a8(x, weights, ids, w13.transpose(1, 2).contiguous(), s13,
+                                      w2.transpose(1, 2).contiguous(), s2)
+    for t in range(tokens):
+        acc = [0.0] * hidden
+        for k in range(2):
+            e = int(ids[t, k])
+            q, sx = _quantized_row(x[t].tolist())
+            h = [sum(q[i] * int(w13[e, n, i]) for i in range(hidden)) * s13[e, n].item() * sx
+                 for n in range(2 * inter)]
+            act = [h[r] / (1 + math.exp(-h[r])) * h[inter + r] for r in range(inter)]
+            qa, sa = _quantized_row(act)
+            down = [sum(qa[r] * int(w2[e, c, r]) for r in range(inter)) * s2[e, c].item() * sa
+                    for c in range(hidden)]
+            acc = [a + weights[t, k].item() * d for a, d in zip(acc, down)]
+        assert out[t].tolist() == pytest.approx(acc, rel=1e-4, abs=1e-5)

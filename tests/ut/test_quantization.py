@@ -20,13 +20,14 @@ from vllm_ascend_ext.quantization.w8a8_dynamic import (
 )
 
 
-def test_shipped_description_parses_and_keeps_kv_b_and_experts_float():
+def test_shipped_description_parses_keeps_kv_b_float_and_quantizes_experts():
     d = parse(json.loads((TINY_DSA_W8A8 / FILENAME).read_text()))
     assert d.model_quant_type == "W8A8_DYNAMIC"
     p = "model.layers.1."
     assert d.weight_type(p + "self_attn.q_a_proj") == "W8A8_DYNAMIC"
     assert d.weight_type(p + "self_attn.kv_b_proj") == "FLOAT"
-    assert d.weight_type(p + "mlp.experts.0.gate_proj") == "FLOAT"
+    assert d.weight_type(p + "mlp.experts.0.gate_proj") == "W8A8_DYNAMIC"
+    assert d.experts_type(p + "mlp.experts") == "W8A8_DYNAMIC"
     assert d.layer_type(p + "mlp.shared_experts.gate_up_proj", ("gate_proj", "up_proj")) \
         == "W8A8_DYNAMIC"
     assert d.layer_type(p + "self_attn.indexer.wk_weights_proj", ("wk", "weights_proj")) == "FLOAT"
@@ -38,9 +39,16 @@ def test_unknown_type_names_the_weight_and_the_type():
         parse({"model_quant_type": "W4A8_DYNAMIC", "model.layers.0.mlp.down_proj.weight": "W4A8_DYNAMIC"})
 
 
-def test_quantized_routed_experts_are_refused_by_name():
-    raw = {f"model.layers.3.mlp.experts.{e}.up_proj.weight": "W8A8_DYNAMIC" for e in range(5)}
-    with pytest.raises(QuantDescriptionError, match=r"routed experts.*experts\.0\.up_proj.*\+2 more"):
+def test_routed_experts_have_one_type_per_moe_layer_or_are_refused_by_name():
+    raw = {f"model.layers.3.mlp.experts.{e}.{p}_proj.weight": "W8A8_DYNAMIC"
+           for e in range(5) for p in ("gate", "up", "down")}
+    d = parse(raw)
+    assert d.experts_type("model.layers.3.mlp.experts") == "W8A8_DYNAMIC"
+    assert d.experts_type("model.layers.4.mlp.experts") == "FLOAT"       # not listed
+    raw["model.layers.3.mlp.experts.2.down_proj.weight"] = "FLOAT"
+    with pytest.raises(QuantDescriptionError, match=r"experts of model\.layers\.3\.mlp\.experts "
+                       r"mix types \(model\.layers\.3\.mlp\.experts\.0\.gate_proj\.weight: "
+                       r"W8A8_DYNAMIC, model\.layers\.3\.mlp\.experts\.2\.down_proj\.weight: FLOAT\)"):
         parse(raw)
 
 

@@ -62,7 +62,8 @@ CONFIG = {
 }
 
 # What ModelSlim's W8A8 dynamic recipe quantizes here: attention projections (but
-# not kv_b_proj, which MLA absorbs), the indexer's wq_b, dense MLP, shared experts.
+# not kv_b_proj, which MLA absorbs), the indexer's wq_b, dense MLP, shared and routed
+# experts.
 QUANTIZED = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj", "indexer.wq_b",
              "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "shared_experts.gate_proj",
              "shared_experts.up_proj", "shared_experts.down_proj")
@@ -120,8 +121,11 @@ def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def is_quantized(name: str) -> bool:
-    return name.endswith(".weight") and ".mlp.experts." not in name and any(
-        f".{q}.weight" in name for q in QUANTIZED)
+    if not name.endswith(".weight"):
+        return False
+    if ".mlp.experts." in name:
+        return name.endswith(("_proj.weight",))
+    return any(f".{q}.weight" in name for q in QUANTIZED)
 
 
 def quantize_w8a8(weights: dict[str, torch.Tensor]) -> tuple[dict, dict]:

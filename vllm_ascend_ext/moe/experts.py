@@ -11,6 +11,10 @@ A step issues a fixed sequence per layer, whatever the number of experts and tok
    with ``w2 [E, I, H]``: every expert's FFN over its consecutive rows;
 4. ``npu_moe_token_unpermute``: each token's rows weighted by its routing weights, summed.
 
+W8A8-dynamic experts (``routed_experts_w8a8``) quantize each expanded row with
+``npu_dynamic_quant`` before each grouped matmul, which then scales by the weight's
+per-channel and the row's per-token scale: two more calls per layer.
+
 Weights are in the kernels' ``[E, K, N]`` layout (vLLM loads ``[E, N, K]``; the method
 transposes once after loading).
 """
@@ -20,9 +24,10 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.moe.routing import GATING, RoutingPlan
-from vllm_ascend_ext.ops.grouped_matmul import npu_grouped_matmul, npu_swiglu
+from vllm_ascend_ext.ops.grouped_matmul import DTYPE_ENUM, npu_grouped_matmul, npu_swiglu
 from vllm_ascend_ext.ops.moe_dispatch import npu_moe_init_routing_v2, npu_moe_token_unpermute
 from vllm_ascend_ext.ops.moe_gating import npu_moe_gating_top_k, npu_moe_gating_top_k_softmax
+from vllm_ascend_ext.ops.quant import npu_dynamic_quant
 
 
 def route(plan: RoutingPlan, router_logits: torch.Tensor,
@@ -59,13 +64,36 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                    w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """``sum_k weights[t, k] * FFN_{ids[t, k]}(x[t])`` for ``x [T, H]``, with
     ``FFN_e(v) = (silu(v @ w13[e][:, :I]) * (v @ w13[e][:, I:])) @ w2[e]``."""
-    num_experts = w13.shape[0]
-    expanded, row_idx, counts, _ = npu_moe_init_routing_v2(
-        x, ids, active_num=-1, expert_num=num_experts, drop_pad_mode=0,
-        expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=-1,
-        active_expert_range=(0, num_experts), row_idx_type=0)
+    expanded, row_idx, counts = _dispatch(x, ids, w13.shape[0])
     gate_up = npu_grouped_matmul([expanded], [w13], group_list=counts, split_item=2,
                                  group_type=0, group_list_type=1)[0]
     down = npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=counts, split_item=2,
                               group_type=0, group_list_type=1)[0]
+    return npu_moe_token_unpermute(down, row_idx, probs=weights)
+
+
+def _dispatch(x: torch.Tensor, ids: torch.Tensor, num_experts: int):
+    expanded, row_idx, counts, _ = npu_moe_init_routing_v2(
+        x, ids, active_num=-1, expert_num=num_experts, drop_pad_mode=0,
+        expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=-1,
+        active_expert_range=(0, num_experts), row_idx_type=0)
+    return expanded, row_idx, counts
+
+
+def _quantized_gmm(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                   counts: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    q, per_token = npu_dynamic_quant(rows)
+    return npu_grouped_matmul([q], [weight], scale=[scale], per_token_scale=[per_token],
+                              group_list=counts, split_item=2, group_type=0, group_list_type=1,
+                              output_dtype=DTYPE_ENUM[out_dtype])[0]
+
+
+def routed_experts_w8a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                        w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                        w2_scale: torch.Tensor) -> torch.Tensor:
+    """``routed_experts`` with int8 ``w13 [E, H, 2I]`` / ``w2 [E, I, H]`` and their
+    per-output-channel scales ``[E, 2I]`` / ``[E, H]``; activations quantized per row."""
+    expanded, row_idx, counts = _dispatch(x, ids, w13.shape[0])
+    gate_up = _quantized_gmm(expanded, w13, w13_scale, counts, x.dtype)
+    down = _quantized_gmm(npu_swiglu(gate_up), w2, w2_scale, counts, x.dtype)
     return npu_moe_token_unpermute(down, row_idx, probs=weights)

@@ -87,12 +87,15 @@ def moe_library() -> torch.library.Library:
     return lib
 
 
-class AscendFusedMoEMethod(UnquantizedFusedMoEMethod):
-    """Routing and experts through ``npu_moe_*`` / ``npu_grouped_matmul`` (module docstring)."""
+class MonolithicEntry:
+    """What the plugin's MoE methods share: vLLM hands them router logits (monolithic);
+    they route with the plan made when the layer was built, entering through the opaque
+    op where vLLM would trace them; ``compute`` is each method's own."""
 
-    def __init__(self, moe) -> None:
-        super().__init__(moe)
-        self.plan: RoutingPlan | None = None
+    plan: RoutingPlan | None = None
+    opaque_entry = False
+
+    def init_entry(self) -> None:
         from vllm.platforms import current_platform
 
         # vLLM traces a CPU platform's MoE layers (no moe_forward custom op around them).
@@ -107,6 +110,36 @@ class AscendFusedMoEMethod(UnquantizedFusedMoEMethod):
     @property
     def supports_eplb(self) -> bool:
         return False
+
+    def routed(self, layer, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        plan = self.plan
+        assert plan is not None, "the MoE method's create_weights has not run"
+        return experts.route(plan, router_logits, layer.e_score_correction_bias)
+
+    def apply_monolithic(self, layer, x: torch.Tensor, router_logits: torch.Tensor,
+                         input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if self.opaque_entry:
+            return getattr(torch.ops, OP_NAMESPACE).moe_routed_experts(x, router_logits,
+                                                                     layer.layer_name)
+        return self.compute(layer, x, router_logits)
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+        raise AssertionError("the ascend_ext MoE methods route themselves (apply_monolithic)")
+
+
+def transpose_experts(layer, *names: str) -> None:
+    """vLLM loads ``[E, N, K]``; the grouped matmul takes ``[E, K, N]`` (once, after loading)."""
+    for name in names:
+        param = getattr(layer, name)
+        param.data = param.data.transpose(1, 2).contiguous()
+
+
+class AscendFusedMoEMethod(MonolithicEntry, UnquantizedFusedMoEMethod):
+    """Routing and experts through ``npu_moe_*`` / ``npu_grouped_matmul`` (module docstring)."""
+
+    def __init__(self, moe) -> None:
+        super().__init__(moe)
+        self.init_entry()
 
     @property
     def method_name(self) -> str:
@@ -124,33 +157,16 @@ class AscendFusedMoEMethod(UnquantizedFusedMoEMethod):
                                params_dtype, **extra_weight_attrs)
 
     def process_weights_after_loading(self, layer) -> None:
-        # vLLM loads w13 [E, 2I, H] and w2 [E, H, I]; the grouped matmul takes [E, K, N].
-        for name in ("w13_weight", "w2_weight"):
-            param = getattr(layer, name)
-            param.data = param.data.transpose(1, 2).contiguous()
-        if self.plan is None:
-            self.plan = layer_routing_plan(layer)
+        transpose_experts(layer, "w13_weight", "w2_weight")
         logger.debug_once("ascend_ext: MoE layers routed by %s (%s)", self.plan.op,
                           self.plan.describe())
 
     def get_fused_moe_quant_config(self, layer):
         return None
 
-    def apply_monolithic(self, layer, x: torch.Tensor, router_logits: torch.Tensor,
-                         input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if self.opaque_entry:
-            return getattr(torch.ops, OP_NAMESPACE).moe_routed_experts(x, router_logits,
-                                                                     layer.layer_name)
-        return self.compute(layer, x, router_logits)
-
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        plan = self.plan
-        assert plan is not None, "process_weights_after_loading has not run"
-        weights, ids = experts.route(plan, router_logits, layer.e_score_correction_bias)
+        weights, ids = self.routed(layer, router_logits)
         return experts.routed_experts(x, weights, ids, layer.w13_weight, layer.w2_weight)
-
-    def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
-        raise AssertionError("the ascend_ext MoE method routes itself (apply_monolithic)")
 
 
 def register() -> None:

@@ -52,8 +52,20 @@ class AscendExtQuantConfig(QuantizationConfig):
         return cls(parse(config))
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+        if isinstance(layer, RoutedExperts):
+            if self.description.experts_type(prefix) != W8A8_DYNAMIC:
+                return None      # vLLM's unquantized method (the plugin's, while active)
+            from vllm.config import get_current_vllm_config
+
+            from vllm_ascend_ext.moe.w8a8 import AscendW8A8FusedMoEMethod
+
+            load_format = str(get_current_vllm_config().load_config.load_format)
+            return AscendW8A8FusedMoEMethod(layer.moe_config, prefix,
+                                            dummy_loading=load_format == "dummy")
         if not isinstance(layer, LinearBase):
-            return None          # embeddings, lm head, routed experts: unquantized
+            return None          # embeddings, lm head: unquantized
         last = prefix.rsplit(".", 1)[-1]
         shards = tuple(self.packed_modules_mapping.get(last, ()))
         kind = self.description.layer_type(prefix, shards)

@@ -1,0 +1,80 @@
+"""``AscendW8A8FusedMoEMethod``: routed experts quantized by ModelSlim's W8A8_DYNAMIC recipe.
+
+The checkpoint holds, per expert and projection, an int8 ``weight [N, K]``, a float
+``weight_scale [N, 1]`` (per output channel, symmetric) and a ``weight_offset [N, 1]``
+(zero for the symmetric recipe; a non-zero offset is refused when the weights are
+processed). vLLM's MoE weight loader fills the fused ``w13``/``w2`` parameters and, for
+parameters marked per-channel, their scales and offsets. Activations are quantized per
+row at run time (``npu_dynamic_quant``) and each grouped matmul applies both scales
+(``experts.routed_experts_w8a8``). Chosen by ``AscendExtQuantConfig`` for a MoE layer whose
+experts the description lists as W8A8_DYNAMIC; routing is the same as the float method's.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
+from vllm.model_executor.utils import set_weight_attrs
+
+from vllm_ascend_ext.moe import experts
+from vllm_ascend_ext.moe.method import MonolithicEntry, layer_routing_plan, transpose_experts
+from vllm_ascend_ext.moe.routing import UnsupportedMoEError
+from vllm_ascend_ext.quantization.w8a8_dynamic import deterministic_int8
+
+
+class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
+    def __init__(self, moe, prefix: str, *, dummy_loading: bool = False) -> None:
+        super().__init__(moe)
+        self.prefix = prefix
+        # Under dummy loading vLLM fills float parameters only (offsets included): the
+        # int8 experts are filled here, deterministically, and offsets are not checked.
+        self.dummy = dummy_loading
+        self.init_entry()
+
+    @property
+    def method_name(self) -> str:
+        return "ascend_ext_w8a8_dynamic"
+
+    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype,
+                            moe_parallel_config):
+        return hidden_size, intermediate_size_per_partition
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
+                       params_dtype, **extra_weight_attrs):
+        self.plan = layer_routing_plan(layer)
+        inter = intermediate_size_per_partition
+        shapes = {"w13": (num_experts, 2 * inter, hidden_size),
+                  "w2": (num_experts, hidden_size, inter)}
+        for stem, shape in shapes.items():
+            data = (deterministic_int8(shape, f"{self.prefix}.{stem}") if self.dummy
+                    else torch.empty(shape, dtype=torch.int8))
+            weight = torch.nn.Parameter(data, requires_grad=False)
+            layer.register_parameter(f"{stem}_weight", weight)
+            set_weight_attrs(weight, extra_weight_attrs)
+            for suffix in ("weight_scale", "weight_offset"):
+                param = torch.nn.Parameter(torch.empty(*shape[:2], 1, dtype=torch.float32),
+                                           requires_grad=False)
+                layer.register_parameter(f"{stem}_{suffix}", param)
+                set_weight_attrs(param, {**extra_weight_attrs,
+                                         "quant_method": FusedMoeWeightScaleSupported.CHANNEL.value})
+
+    def process_weights_after_loading(self, layer) -> None:
+        for stem in ("w13", "w2"):
+            offset = getattr(layer, f"{stem}_weight_offset")
+            if not self.dummy and torch.count_nonzero(offset.data).item():
+                raise UnsupportedMoEError(
+                    f"{self.prefix}: {stem} weight_offset is not zero; ModelSlim's "
+                    "W8A8_DYNAMIC experts are symmetric (asymmetric weights are not supported)")
+            scale = getattr(layer, f"{stem}_weight_scale")
+            scale.data = scale.data[..., 0].float().contiguous()       # [E, N]
+        transpose_experts(layer, "w13_weight", "w2_weight")
+
+    def get_fused_moe_quant_config(self, layer):
+        return None
+
+    def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.routed(layer, router_logits)
+        return experts.routed_experts_w8a8(x, weights, ids, layer.w13_weight,
+                                           layer.w13_weight_scale, layer.w2_weight,
+                                           layer.w2_weight_scale)
