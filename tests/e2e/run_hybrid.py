@@ -1,6 +1,7 @@
 """A tiny hybrid Qwen3-Next (3 Gated-DeltaNet layers + 1 full-attention layer, bf16,
 dummy weights) under emulation, with ``mixed_split`` "on": prints which builders
-served which layers and how many mixed steps the full-attention builder split.
+served which layers, how many mixed steps the full-attention builder split, and which
+MoE method served its (4-expert, softmax top-2, shared-expert) MoE layers.
 
 Dummy weights are enough here: this checks routing (the full-attention layer of a
 hybrid model reaches the plugin's backend and its split), not numerics.
@@ -53,7 +54,12 @@ def main() -> None:
                      "mixed": getattr(getattr(b, "stats", None), "mixed", None),
                      "split": getattr(getattr(b, "stats", None), "split", None)}
                     for g in runner._attn_group_iterator() for b in g.metadata_builders]
-    print("RESULT " + json.dumps({"builders": builders}))
+        moe = sorted({type(m.quant_method).__name__ for m in runner.model.modules()
+                      if "MoE" in type(getattr(m, "quant_method", None)).__name__})
+        moe_layers = sum(1 for m in runner.model.modules()
+                         if "MoE" in type(getattr(m, "quant_method", None)).__name__)
+    print("RESULT " + json.dumps({"builders": builders, "moe_methods": moe,
+                                  "moe_layers": moe_layers}))
 
 
 if __name__ == "__main__":

@@ -293,3 +293,20 @@ def test_contract_mode_routes_torch_npu_call_sites_only(contract):
     assert pick(cpu, **choose) == "npu call site"
     assert pick(cpu, **choose, torch_npu_op=False) == "reference"  # the plugin's own ops
     assert pick(torch.device("meta"), **choose) == "meta"
+
+
+def test_moe_group_lists_must_be_int64_and_cover_the_rows(contract):
+    from vllm_ascend_ext.ops.grouped_matmul import npu_grouped_matmul
+    from vllm_ascend_ext.ops.moe_dispatch import npu_moe_init_routing_v2
+
+    x, w = torch.randn(5, 64, dtype=torch.bfloat16), torch.randn(2, 64, 32, dtype=torch.bfloat16)
+    kw = dict(split_item=2, group_type=0, group_list_type=1)
+    npu_grouped_matmul([x], [w], group_list=torch.tensor([2, 3]), **kw)      # valid
+    with pytest.raises(ContractViolation, match=r"npu_grouped_matmul.*group_list.*must be int64"):
+        npu_grouped_matmul([x], [w], group_list=torch.tensor([2, 3], dtype=torch.int32), **kw)
+    with pytest.raises(ContractViolation, match=r"group_list.*the groups hold 4 rows; x has 5"):
+        npu_grouped_matmul([x], [w], group_list=torch.tensor([1, 3]), **kw)
+    with pytest.raises(ContractViolation, match=r"npu_moe_init_routing_v2.*expert_tokens_num_type"
+                                                r".*当前仅支持1和2"):
+        npu_moe_init_routing_v2(x, torch.zeros(5, 2, dtype=torch.int32), expert_num=2,
+                                expert_tokens_num_type=0, expert_tokens_num_flag=True)

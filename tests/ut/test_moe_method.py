@@ -122,13 +122,15 @@ def test_a_layers_operator_calls_do_not_grow_with_experts_or_tokens():
 
 
 def _layer(**over):
-    moe = SimpleNamespace(is_act_and_mul=True, has_bias=False, has_hash_routing=False)
+    moe = SimpleNamespace(is_act_and_mul=True, has_bias=False, has_hash_routing=False,
+                          is_lora_enabled=False)
     layer = SimpleNamespace(layer_name="model.layers.3.mlp.experts", moe_config=moe,
                             activation=SimpleNamespace(value="silu"), apply_router_weight_on_input=False,
                             expert_map=None, top_k=2, global_num_experts=8, scoring_func="softmax",
                             renormalize=True, use_grouped_topk=False, num_expert_group=None,
                             topk_group=None, e_score_correction_bias=None,
-                            routed_scaling_factor=1.0, custom_routing_function=None)
+                            routed_scaling_factor=1.0, custom_routing_function=None,
+                            swiglu_limit=None, swiglu_alpha=None, swiglu_beta=None)
     for key, value in over.items():
         target = moe if key in vars(moe) else layer
         setattr(target, key, value)
@@ -144,12 +146,21 @@ def _layer(**over):
     (dict(apply_router_weight_on_input=True), "applied to the input"),
     (dict(expert_map=torch.arange(8)), "expert parallelism"),
     (dict(use_grouped_topk=True, num_expert_group=4, topk_group=2), "more than 2 experts per group"),
+    (dict(use_grouped_topk=True, num_expert_group=3, topk_group=1), "not an even split"),
+    (dict(use_grouped_topk=True, num_expert_group=2, topk_group=None), "without topk_group"),
+    (dict(swiglu_limit=7.0), "clamps or scales it \\(swiglu_limit=7.0\\)"),
+    (dict(is_lora_enabled=True), "LoRA"),
+    (dict(global_num_experts=1025, top_k=2), "at most 1024 groups"),
 ])
 def test_unsupported_layers_are_refused_naming_the_layer_and_the_feature(over, message):
     with pytest.raises(UnsupportedMoEError, match=message) as err:
         layer_routing_plan(_layer(**over))
     assert "model.layers.3.mlp.experts" in str(err.value)
     assert isinstance(err.value, AscendExtError)
+
+
+def test_plain_softmax_routing_takes_any_expert_count_the_softmax_kernel_takes():
+    assert layer_routing_plan(_layer(global_num_experts=2, top_k=2)).op == SOFTMAX
 
 
 def test_expert_parallel_is_refused_before_serving():

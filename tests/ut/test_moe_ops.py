@@ -189,9 +189,8 @@ def test_init_routing_v2_matches_an_expert_by_expert_loop(case):
 def gmm_cases(draw):
     experts = draw(st.integers(2, 6))
     counts = [draw(st.integers(0, 4)) for _ in range(experts)]   # empty experts included
-    extra = draw(st.integers(0, 2))                               # rows past the last group
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-    m = sum(counts) + extra
+    m = sum(counts)
     return dict(counts=counts, x=torch.randn(m, 6, generator=g, dtype=torch.float64),
                 w=torch.randn(experts, 6, 4, generator=g, dtype=torch.float64),
                 cumsum=draw(st.booleans()))
@@ -209,8 +208,7 @@ def test_grouped_matmul_matches_a_row_by_row_loop(case):
     owner = [e for e, c in enumerate(counts) for _ in range(c)]
     for m in range(x.shape[0]):
         for n in range(w.shape[2]):
-            want = (sum(x[m, i].item() * w[owner[m], i, n].item() for i in range(6))
-                    if m < len(owner) else 0.0)
+            want = sum(x[m, i].item() * w[owner[m], i, n].item() for i in range(6))
             assert y[m, n].item() == pytest.approx(want, abs=1e-9)
 
 
@@ -256,17 +254,55 @@ def test_token_unpermute_gathers_token_major_and_undoes_init_routing(tokens, k, 
     torch.testing.assert_close(back, x)
 
 
-@pytest.mark.parametrize("op,args", [
-    (npu_moe_gating_top_k, lambda d: (torch.randn(3, 8, device=d), 2)),
-    (npu_moe_gating_top_k_softmax, lambda d: (torch.randn(3, 8, device=d), None, 2)),
-    (npu_moe_init_routing_v2, lambda d: (torch.randn(3, 4, device=d),
-                                         torch.zeros(3, 2, dtype=torch.int32, device=d))),
-    (npu_swiglu, lambda d: (torch.randn(3, 8, device=d),)),
-])
-def test_meta_kernels_give_the_reference_shapes(op, args):
-    kwargs = dict(expert_num=4, expert_tokens_num_type=1, expert_tokens_num_flag=True) \
-        if op is npu_moe_init_routing_v2 else {}
-    ref, meta = op(*args("cpu"), **kwargs), op(*args("meta"), **kwargs)
-    ref, meta = (ref,) if isinstance(ref, torch.Tensor) else ref, \
-        (meta,) if isinstance(meta, torch.Tensor) else meta
-    assert [(t.shape, t.dtype) for t in ref] == [(t.shape, t.dtype) for t in meta]
+def test_grouped_matmul_refuses_a_group_list_that_does_not_cover_the_rows():
+    x, w = torch.randn(5, 4), torch.randn(2, 4, 3)
+    with pytest.raises(ValueError, match="must cover x's 5 rows exactly"):
+        npu_grouped_matmul([x], [w], group_list=torch.tensor([2, 2]), split_item=2,
+                           group_type=0, group_list_type=1)
+
+
+def _official(name, *args, **kwargs):
+    from vllm_ascend_ext.contract import metas
+
+    def meta(v):
+        if isinstance(v, torch.Tensor):
+            return torch.empty_strided(tuple(v.shape), v.stride(), dtype=v.dtype, device="meta")
+        if isinstance(v, list):
+            return [meta(t) for t in v]
+        return v
+
+    metas.load()
+    return metas.op(name)(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
+
+
+_ROUTING = dict(expert_num=4, expert_tokens_num_type=1, active_expert_range=[0, 4])
+META_CASES = {
+    "npu_moe_gating_top_k": (npu_moe_gating_top_k, lambda d: (torch.randn(3, 8, device=d), 2),
+                             dict(norm_type=1)),
+    "npu_moe_gating_top_k_softmax": (npu_moe_gating_top_k_softmax,
+                                     lambda d: (torch.randn(3, 8, device=d), None, 2), {}),
+    "npu_moe_init_routing_v2": (npu_moe_init_routing_v2, lambda d: (
+        torch.randn(3, 4, device=d), torch.zeros(3, 2, dtype=torch.int32, device=d)),
+        dict(_ROUTING, expert_tokens_num_flag=True)),
+    "npu_moe_init_routing_v2 (no counts)": (npu_moe_init_routing_v2, lambda d: (
+        torch.randn(3, 4, device=d), torch.zeros(3, 2, dtype=torch.int32, device=d)), _ROUTING),
+    "npu_grouped_matmul": (npu_grouped_matmul, lambda d: (
+        [torch.randn(5, 4, device=d)], [torch.randn(2, 4, 3, device=d)]),
+        dict(group_list=torch.tensor([2, 3]), split_item=2, group_type=0, group_list_type=1)),
+    "npu_moe_token_unpermute": (npu_moe_token_unpermute, lambda d: (
+        torch.randn(6, 4, device=d), torch.arange(6, dtype=torch.int32, device=d)),
+        dict(probs=torch.rand(3, 2))),
+    "npu_swiglu": (npu_swiglu, lambda d: (torch.randn(3, 8, device=d),), {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(META_CASES))
+def test_reference_and_meta_outputs_have_the_official_metas_shapes_and_dtypes(case):
+    op, args, kwargs = META_CASES[case]
+    name = case.split(" ")[0]
+    flat = lambda out: [out] if isinstance(out, torch.Tensor) else [t for t in out]  # noqa: E731
+    official = [(tuple(t.shape), t.dtype) for t in flat(_official(name, *args("cpu"), **kwargs))]
+    for device in ("cpu", "meta"):
+        kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+        ours = [(tuple(t.shape), t.dtype) for t in flat(op(*args(device), **kw))]
+        assert ours == official, (device, ours, official)

@@ -307,13 +307,24 @@ def _group_list(call: Call) -> str | None:
     return None
 
 
+def _group_list_covers_x(call: Call) -> str | None:
+    groups, xs = tensor(call, "group_list"), call.values.get("x") or []
+    if groups is None or groups.device.type == "meta" or len(xs) != 1:
+        return None
+    rows = int(groups.sum()) if call.values.get("group_list_type") == 1 else int(groups[-1])
+    if rows != xs[0].shape[0]:
+        return f"the groups hold {rows} rows; x has {xs[0].shape[0]}"
+    return None
+
+
 def _pairs(call: Call) -> int:
     indices = tensor(call, "sorted_indices")
     return 0 if indices is None else indices.numel()
 
 
 MOE_RULES = (
-    Rule(GATE, "x", "最后一维的大小（即专家数）要求不大于", dtype_in("x", F16, BF16, F32)),
+    Rule(GATE, "x", "数据类型支持`float16`、`bfloat16`、`float32`，数据格式要求为ND。支持非连续Tensor。最后一维",
+         dtype_in("x", F16, BF16, F32)),
     Rule(GATE, "bias", "数据类型需要与`x`保持一致", _same_dtype("bias", "x")),
     Rule(GATE, "renorm", "当前仅支持`0`", _value_in("renorm", 0)),
     Rule(GATE_SM, "x", "表示待计算的输入要求是一个2D/3D的Tensor, 数据类型支持float16、bfloat16、float32",
@@ -325,6 +336,7 @@ MOE_RULES = (
     Rule(INIT, "expert_tokens_num_flag", "当前仅支持True", _value_in("expert_tokens_num_flag", True)),
     Rule(INIT, "quant_mode", "当前仅支持-1和1", _value_in("quant_mode", -1, 1)),
     Rule(GMM, "group_list", "当group_list_type为1时, group_list必须为非负数列, 且长度不能为1", _group_list),
+    Rule(GMM, "group_list", "当group_list_type为1时, 数值的总和与x中tensor的第一维相等", _group_list_covers_x),
     Rule(SWIGLU, "self", "dtype支持FP32、FP16或BF16类型", dtype_in("self", F16, BF16, F32)),
     Rule(UNPERMUTE, "sorted_indices", "取值范围是[0, tokens_num * topK_num - 1]，且没有重复索引",
          all_of(dtype_in("sorted_indices", I32), indices_in_range("sorted_indices", _pairs, False))),

@@ -32,7 +32,12 @@ from vllm_ascend_ext.ops.quant import npu_dynamic_quant
 
 def route(plan: RoutingPlan, router_logits: torch.Tensor,
           bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [T, k], expert ids [T, k] int32) for ``router_logits [T, E]``."""
+    """(weights [T, k], expert ids [T, k] int32) for ``router_logits [T, E]``.
+
+    The kernels return weights in the logits' dtype: half-precision logits are widened
+    first, so the weights stay float32 as vLLM's routers keep them (one cast per layer)."""
+    if router_logits.dtype in (torch.float16, torch.bfloat16):
+        router_logits = router_logits.float()
     if plan.op != GATING:
         weights, ids, _ = npu_moe_gating_top_k_softmax(router_logits, None, k=plan.top_k)
         if plan.renormalize:
@@ -41,8 +46,7 @@ def route(plan: RoutingPlan, router_logits: torch.Tensor,
     if plan.use_bias:
         assert bias is not None
         if bias.dtype != router_logits.dtype:   # the kernel wants one dtype for both
-            router_logits = router_logits.float()
-            bias = bias.float()
+            bias = bias.to(router_logits.dtype)
     weights, ids, norm = npu_moe_gating_top_k(
         router_logits, plan.top_k, bias=bias if plan.use_bias else None,
         k_group=plan.k_group, group_count=plan.group_count,

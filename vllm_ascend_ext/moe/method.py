@@ -42,8 +42,16 @@ def layer_routing_plan(layer) -> RoutingPlan:
     if activation != "silu" or not moe.is_act_and_mul:
         raise UnsupportedMoEError(f"{name}: the ascend_ext MoE method runs SiLU-gated experts "
                                   f"(npu_swiglu); this layer's activation is {activation!r}")
+    clamps = {k: getattr(layer, k, None) for k in ("swiglu_limit", "swiglu_alpha", "swiglu_beta")}
+    if any(v is not None for v in clamps.values()):
+        shown = ", ".join(f"{k}={v}" for k, v in clamps.items() if v is not None)
+        raise UnsupportedMoEError(f"{name}: the ascend_ext MoE method runs plain SwiGLU "
+                                  f"(npu_swiglu); this layer clamps or scales it ({shown})")
     if moe.has_bias:
         raise UnsupportedMoEError(f"{name}: the ascend_ext MoE method does not support expert biases")
+    if getattr(moe, "is_lora_enabled", False):
+        raise UnsupportedMoEError(f"{name}: the ascend_ext MoE method does not support LoRA on "
+                                  "MoE layers (vLLM's MoE LoRA needs a modular kernel)")
     if getattr(layer, "apply_router_weight_on_input", False):
         raise UnsupportedMoEError(f"{name}: the ascend_ext MoE method does not support router "
                                   "weights applied to the input")
@@ -140,6 +148,8 @@ class AscendFusedMoEMethod(MonolithicEntry, UnquantizedFusedMoEMethod):
     def __init__(self, moe) -> None:
         super().__init__(moe)
         self.init_entry()
+        # Weights are transposed after loading: a pre-processed load would be transposed twice.
+        self.supports_pre_processed_weights = False
 
     @property
     def method_name(self) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from vllm_ascend_ext.errors import AscendExtError
 
 GATING, SOFTMAX = "gating_top_k", "gating_top_k_softmax"
+MAX_EXPERTS = 1024   # npu_grouped_matmul's group list (npu_moe_gating_top_k allows 2048)
 SCORING = {"softmax": 0, "sigmoid": 1}   # npu_moe_gating_top_k's norm_type
 
 
@@ -85,20 +86,30 @@ def plan_routing(*, layer_name: str, top_k: int, num_experts: int, scoring_func:
                       f"({getattr(custom_routing_function, '__name__', custom_routing_function)})")
     if scoring_func not in SCORING:
         raise _refuse(layer_name, f"scoring_func={scoring_func!r}")
+    if num_experts > MAX_EXPERTS:
+        raise _refuse(layer_name, f"{num_experts} experts (npu_grouped_matmul takes at most "
+                      f"{MAX_EXPERTS} groups)")
     groups, kept = 1, 1
     if use_grouped_topk and num_expert_group and num_expert_group > 1:
-        # vLLM groups only when the experts split into more than one group evenly.
-        if num_experts % num_expert_group == 0 and num_experts > num_expert_group:
-            groups, kept = num_expert_group, topk_group or 1
-    if num_experts // groups <= 2:
-        raise _refuse(layer_name, f"{num_experts} experts in {groups} group(s): "
-                      "npu_moe_gating_top_k needs more than 2 experts per group")
-    if not 1 <= top_k <= num_experts // groups * kept:
-        raise _refuse(layer_name, f"top_k={top_k} with {kept} of {groups} groups of "
-                      f"{num_experts // groups} experts")
+        if num_experts % num_expert_group or num_experts <= num_expert_group:
+            # vLLM then routes without groups, differently per router (its CPU router fails).
+            raise _refuse(layer_name, f"{num_experts} experts in {num_expert_group} groups "
+                          "(not an even split)")
+        if not topk_group:
+            raise _refuse(layer_name, "grouped top-k without topk_group")
+        groups, kept = num_expert_group, topk_group
     grouped_or_biased = groups > 1 or has_bias or use_grouped_topk
     if not grouped_or_biased and scoring_func == "softmax":
+        if not 1 <= top_k <= min(num_experts, 1024):
+            raise _refuse(layer_name, f"top_k={top_k} of {num_experts} experts")
         return RoutingPlan(SOFTMAX, top_k, num_experts, renormalize=renormalize)
+    size = num_experts // groups
+    if size <= 2 or (size + 31) // 32 * 32 * groups > 2048:
+        raise _refuse(layer_name, f"{num_experts} experts in {groups} group(s): "
+                      "npu_moe_gating_top_k needs more than 2 experts per group and "
+                      "align32(group size) x groups <= 2048")
+    if not 1 <= top_k <= size * kept:
+        raise _refuse(layer_name, f"top_k={top_k} with {kept} of {groups} groups of {size} experts")
     return RoutingPlan(GATING, top_k, num_experts, norm_type=SCORING[scoring_func],
                        group_count=groups, k_group=kept,
                        group_select_mode=1 if has_bias else 0, use_bias=has_bias,

@@ -10,7 +10,7 @@ Semantics (torch-npu 2.13.0 ``_op_plugin_docs.py`` and its Meta kernels):
   ``group_type=0`` (groups along M), ``split_item`` 2 or 3 (one output ``[M, N]``), and a
   tensor ``group_list`` of E entries: the group sizes (``group_list_type=1``) or their
   running sums (0, the last equal to M). Group ``e`` is rows ``[end_{e-1}, end_e)`` times
-  ``weight[e]``; rows past the last group are left zero. W8A8 (per-channel ``scale`` with
+  ``weight[e]``; the groups cover M exactly (the documented MoE form). W8A8 (per-channel ``scale`` with
   ``per_token_scale``, int8 ``x``/``weight``): ``y = (x @ w) * scale_e[n] *
   per_token_scale[m]`` in ``output_dtype``. Activations, anti-quantisation, offsets and the
   N/K splits are not emulated.
@@ -29,6 +29,7 @@ MAX_GROUPS = 1024
 # Meta kernels map it back with TORCH_DTYPE_ENUM_VALUE_TO_SCALAR_TYPE_MAP).
 DTYPE_ENUM = {torch.int8: 1, torch.int32: 3, torch.float16: 5, torch.float32: 6,
               torch.bfloat16: 15}
+OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int32)  # official meta
 _ENUM_DTYPE = {v: k for k, v in DTYPE_ENUM.items()}
 _UNEMULATED = ("bias", "offset", "antiquant_scale", "antiquant_offset", "activation_input",
                "activation_quant_scale", "activation_quant_offset", "tuning_config")
@@ -67,8 +68,9 @@ def _check_gmm(x, weight, group_list, split_item, group_type, group_list_type, a
         if quantized:
             raise ValueError("npu_grouped_matmul: int8 inputs need an output_dtype")
         return x[0].dtype
-    if output_dtype not in _ENUM_DTYPE:
-        raise ValueError(f"npu_grouped_matmul: output_dtype {output_dtype} is not a dtype enum")
+    if _ENUM_DTYPE.get(output_dtype) not in OUTPUT_DTYPES:
+        raise ValueError(f"npu_grouped_matmul: output_dtype {output_dtype} not supported "
+                         f"(fp16, bf16, fp32, int32: {[DTYPE_ENUM[d] for d in OUTPUT_DTYPES]})")
     return _ENUM_DTYPE[output_dtype]
 
 
@@ -95,9 +97,13 @@ def grouped_matmul_reference(x, weight, *, bias=None, scale=None, offset=None,
     quantized = a.dtype == torch.int8
     work = torch.float64 if torch.float64 in (a.dtype, w.dtype) else torch.float32
     out = torch.zeros((a.shape[0], w.shape[2]), dtype=work, device=a.device)
+    ends = _ends(group_list, group_list_type)
+    if ends[-1] != a.shape[0] or any(b < a_ for a_, b in zip(ends, ends[1:])) or ends[0] < 0:
+        raise ValueError(f"npu_grouped_matmul: group_list {group_list.tolist()} (type "
+                         f"{group_list_type}) must cover x's {a.shape[0]} rows exactly, "
+                         "with non-negative group sizes")
     begin = 0
-    for e, end in enumerate(_ends(group_list, group_list_type)):
-        end = min(end, a.shape[0])
+    for e, end in enumerate(ends):
         if end > begin:
             if quantized:
                 acc = (a[begin:end].to(torch.int32) @ w[e].to(torch.int32)).to(work)

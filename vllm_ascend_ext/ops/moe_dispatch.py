@@ -99,7 +99,7 @@ def init_routing_v2_reference(x, expert_idx, *, scale=None, offset=None, active_
             0, (flat - start).clamp(0, end - start - 1), valid.long())
         tokens = counts if expert_tokens_num_type == 1 else counts.cumsum(0)
     else:
-        tokens = torch.empty(0, dtype=torch.int64, device=x.device)
+        tokens = torch.empty((), dtype=torch.int64, device=x.device)   # as the official meta
     expanded_scale = (torch.where(kept, scale.float()[src // k], 0.0) if scale is not None
                       else torch.zeros(rows, dtype=torch.float32, device=x.device))
     return expanded_x, row_idx, tokens, expanded_scale
@@ -114,7 +114,7 @@ def init_routing_v2_meta(x, expert_idx, *, scale=None, offset=None, active_num=-
     rows = _rows(x, expert_idx, active_num)
     return (x.new_empty((rows, x.shape[1])),
             x.new_empty((expert_idx.numel(),), dtype=torch.int32),
-            x.new_empty((end - start if expert_tokens_num_flag else 0,), dtype=torch.int64),
+            x.new_empty((end - start,) if expert_tokens_num_flag else (), dtype=torch.int64),
             x.new_empty((rows,), dtype=torch.float32))
 
 
