@@ -14,6 +14,7 @@ import itertools
 
 import pytest
 
+import tests.npu.test_moe_parity as moe_parity
 import tests.npu.test_parity as fia_parity
 import tests.npu.test_sfa_parity as sfa_parity
 from vllm_ascend_ext.contract import mode
@@ -23,7 +24,7 @@ from vllm_ascend_ext.tools import npu_parity
 
 
 def _cases():
-    for module in (fia_parity, sfa_parity):
+    for module in (fia_parity, sfa_parity, moe_parity):
         for name, fn in inspect.getmembers(module, inspect.isfunction):
             if not name.startswith("test_"):
                 continue
@@ -53,8 +54,8 @@ def test_parity_case_meets_the_contract(monkeypatch, module, test, kwargs):
 
 def test_every_parity_test_is_dry_run():
     listed = {p.values[1].__name__ for p in _cases()}
-    names = {n for m in (fia_parity, sfa_parity) for n, f in inspect.getmembers(m, inspect.isfunction)
-             if n.startswith("test_")}
+    names = {n for m in (fia_parity, sfa_parity, moe_parity)
+             for n, f in inspect.getmembers(m, inspect.isfunction) if n.startswith("test_")}
     assert listed == names
     assert len(list(itertools.islice(_cases(), 100))) >= len(names)
 
@@ -68,13 +69,16 @@ def test_doctor_smoke_runs_one_case_per_operator_dry(monkeypatch):
     assert [r["case"] for r in results] == [
         "fia", "scatter_pa_kv_cache", "kv_rmsnorm_rope_cache", "lightning_indexer",
         "sparse_flash_attention", "w8a8_quant_ops", "mla_prolog_v3[False]",
-        "mla_prolog_v3[True]", "k3_prolog"]
+        "mla_prolog_v3[True]", "k3_prolog", "moe_routing", "moe_experts[False]",
+        "moe_experts[True]"]
     assert all(r["ok"] for r in results), results
     assert harness.violations == 0
     assert {"npu_fused_infer_attention_score", "npu_scatter_pa_kv_cache",
             "npu_kv_rmsnorm_rope_cache", "npu_lightning_indexer", "npu_sparse_flash_attention",
             "npu_dynamic_quant", "npu_quant_matmul", "npu_mla_prolog_v3",
-            "npu_format_cast"} <= set(harness.calls)
+            "npu_format_cast", "npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax",
+            "npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_swiglu",
+            "npu_moe_token_unpermute"} <= set(harness.calls)
 
 
 def test_a_smoke_case_that_fails_or_raises_is_reported():

@@ -23,6 +23,13 @@ import torch
 from vllm_ascend_ext.attention.kv_layout import plane_block_table, plane_slots, plane_views
 from vllm_ascend_ext.ops.fia import causal_mask_2048, fia_npu, fia_reference
 from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, format_cast_npu
+from vllm_ascend_ext.ops.grouped_matmul import (
+    DTYPE_ENUM,
+    grouped_matmul_npu,
+    grouped_matmul_reference,
+    swiglu_npu,
+    swiglu_reference,
+)
 from vllm_ascend_ext.ops.kv_cache import scatter_pa_kv_cache_npu, scatter_pa_kv_cache_reference
 from vllm_ascend_ext.ops.kv_rmsnorm_rope_cache import (
     kv_rmsnorm_rope_cache_npu,
@@ -30,6 +37,18 @@ from vllm_ascend_ext.ops.kv_rmsnorm_rope_cache import (
 )
 from vllm_ascend_ext.ops.lightning_indexer import lightning_indexer_npu, lightning_indexer_reference
 from vllm_ascend_ext.ops.mla_prolog import mla_prolog_v3_npu, mla_prolog_v3_reference
+from vllm_ascend_ext.ops.moe_dispatch import (
+    init_routing_v2_npu,
+    init_routing_v2_reference,
+    token_unpermute_npu,
+    token_unpermute_reference,
+)
+from vllm_ascend_ext.ops.moe_gating import (
+    gating_top_k_npu,
+    gating_top_k_reference,
+    gating_top_k_softmax_npu,
+    gating_top_k_softmax_reference,
+)
 from vllm_ascend_ext.ops.quant import (
     dynamic_quant_npu,
     dynamic_quant_reference,
@@ -261,10 +280,78 @@ def mla_prolog_v3(quantized: bool = False) -> list[Measured]:
                                ("kr_cache", caches_n[1], caches[1]))]
 
 
+def _same_sets(got, ref) -> float:
+    """Fraction of rows choosing the same experts (order-free: ties may order differently)."""
+    got, ref = got.cpu().sort(-1).values, ref.sort(-1).values
+    return (got == ref).all(-1).float().mean().item()
+
+
+def moe_routing() -> list[Measured]:
+    """DeepSeek-V3 routing (256 experts, 8 groups keep 4, top-8, sigmoid + bias, x2.5) and
+    Qwen's softmax top-8 of 128, on fp32 router logits as the MoE method passes them."""
+    torch.manual_seed(5)
+    logits, bias = torch.randn(64, 256) * 2, torch.randn(256) * 0.1
+    kw = dict(bias=bias, k_group=4, group_count=8, group_select_mode=1, renorm=0, norm_type=1,
+              out_flag=False, routed_scaling_factor=2.5, eps=1e-20)
+    y_ref, i_ref, _ = gating_top_k_reference(logits, 8, **kw)
+    y, i, _ = gating_top_k_npu(_npu(logits), 8, **{**kw, "bias": _npu(bias)})
+    sm = torch.randn(64, 128) * 2
+    ys_ref, is_ref, rows_ref = gating_top_k_softmax_reference(sm, None, k=8)
+    ys, is_, rows = gating_top_k_softmax_npu(_npu(sm), None, k=8)
+    return [Measured("npu_moe_gating_top_k rows with the same experts", _same_sets(i, i_ref), 0.99,
+                     at_least=True),
+            Measured("npu_moe_gating_top_k weight-sum error",
+                     _err(y.float().sum(-1), y_ref.sum(-1)), 1e-3),
+            Measured("npu_moe_gating_top_k_softmax rows with the same experts",
+                     _same_sets(is_, is_ref), 0.99, at_least=True),
+            Measured("npu_moe_gating_top_k_softmax row_idx difference", _err(rows, rows_ref), 0.0)]
+
+
+def moe_experts(quantized: bool = False) -> list[Measured]:
+    """Dispatch, the two grouped matmuls with SwiGLU between (bf16, or int8 with per-channel
+    x per-row scales), and the weighted combine: 48 tokens, top-8 of 64 experts, H 1024."""
+    torch.manual_seed(6)
+    tokens, k, experts, hidden, inter = 48, 8, 64, 1024, 256
+    x = torch.randn(tokens, hidden).to(BF)
+    ids = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)]).int()
+    kw = dict(scale=None, offset=None, active_num=-1, expert_capacity=-1, expert_num=experts,
+              drop_pad_mode=0, expert_tokens_num_type=1, expert_tokens_num_flag=True,
+              quant_mode=-1, active_expert_range=(0, experts), row_idx_type=0, x_dtype=None)
+    ex_ref, row_ref, cnt_ref, _ = init_routing_v2_reference(x, ids, **kw)
+    ex, row, cnt, _ = init_routing_v2_npu(_npu(x), _npu(ids), **kw)
+    gmm = dict(split_item=2, group_type=0, group_list_type=1)
+    if quantized:
+        xq, xs = dynamic_quant_reference(ex_ref)
+        w = torch.randint(-127, 128, (experts, hidden, 2 * inter), dtype=torch.int8)
+        ws = torch.rand(experts, 2 * inter) * 1e-3
+        q = dict(gmm, scale=[ws], per_token_scale=[xs], output_dtype=DTYPE_ENUM[BF])
+        h_ref = grouped_matmul_reference([xq], [w], group_list=cnt_ref, **q)[0]
+        h = grouped_matmul_npu([_npu(xq)], [_npu(w)], group_list=_npu(cnt_ref),
+                               **{**q, "scale": [_npu(ws)], "per_token_scale": [_npu(xs)]})[0]
+    else:
+        w = (torch.randn(experts, hidden, 2 * inter) / hidden**0.5).to(BF)
+        h_ref = grouped_matmul_reference([ex_ref], [w], group_list=cnt_ref, **gmm)[0]
+        h = grouped_matmul_npu([_npu(ex_ref)], [_npu(w)], group_list=_npu(cnt_ref), **gmm)[0]
+    act_ref = swiglu_reference(h_ref)
+    act = swiglu_npu(_npu(h_ref))
+    probs = torch.rand(tokens, k)
+    out_ref = token_unpermute_reference(act_ref, row_ref, probs=probs)
+    out = token_unpermute_npu(_npu(act_ref), _npu(row_ref), probs=_npu(probs))
+    scale = lambda t: t.float().abs().max().item()  # noqa: E731
+    name = "npu_grouped_matmul (W8A8)" if quantized else "npu_grouped_matmul"
+    return [Measured("npu_moe_init_routing_v2 rows/map/counts difference",
+                     max(_err(ex, ex_ref), _err(row, row_ref), _err(cnt, cnt_ref)), 0.0),
+            Measured(f"{name} max abs err", _err(h, h_ref), 1e-2 * scale(h_ref)),
+            Measured("npu_swiglu max abs err", _err(act, act_ref), 1e-2 * scale(act_ref)),
+            Measured("npu_moe_token_unpermute max abs err", _err(out, out_ref),
+                     1e-2 * scale(out_ref))]
+
+
 # One case per operator the plugin calls on an NPU (``doctor --smoke``).
 SMOKE = (fia, scatter_pa_kv_cache, kv_rmsnorm_rope_cache, lightning_indexer,
          sparse_flash_attention, w8a8_quant_ops, functools.partial(mla_prolog_v3, False),
-         functools.partial(mla_prolog_v3, True), k3_prolog)
+         functools.partial(mla_prolog_v3, True), k3_prolog, moe_routing,
+         functools.partial(moe_experts, False), functools.partial(moe_experts, True))
 
 
 def case_name(case) -> str:
