@@ -25,14 +25,14 @@ class PluginCommand:
 
 
 def _tiny_paths() -> dict:
-    from vllm_ascend_ext.models import tiny_dsa_path, tiny_model_path
+    from vllm_ascend_ext.models import tiny_dsa_path, tiny_model_path, tiny_qwen_moe_path
 
-    return {"qwen3": tiny_model_path, "dsa": tiny_dsa_path,
+    return {"qwen3": tiny_model_path, "qwen-moe": tiny_qwen_moe_path, "dsa": tiny_dsa_path,
             "dsa-w8a8": lambda: tiny_dsa_path(quantized=True)}
 
 
 class TinyModelPathCommand(PluginCommand):
-    """``tiny-model-path [qwen3|dsa|dsa-w8a8]``: print an embedded tiny model's directory."""
+    """``tiny-model-path [qwen3|qwen-moe|dsa|dsa-w8a8]``: print an embedded tiny model's directory."""
 
     name = "tiny-model-path"
 
