@@ -50,8 +50,10 @@ def child(variant: str, prompts: int, max_tokens: int) -> dict:
         total.update(s.ops)
         in_layers.update(s.in_layers)
         in_moe.update(s.in_moe)
+    from vllm_ascend_ext.moe.method import MonolithicEntry
+
     moe_layers = sum(1 for m in runner.model.modules()
-                     if type(getattr(m, "quant_method", None)).__name__ == "AscendFusedMoEMethod")
+                     if isinstance(getattr(m, "quant_method", None), MonolithicEntry))
     return {"route": layers[0].route.preprocess, "layers": len(layers),
             "decode_steps": len(decodes), "ops": dict(total), "in_layers": dict(in_layers),
             "in_moe": dict(in_moe), "moe_layers": moe_layers}
