@@ -122,18 +122,23 @@ def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in w.items()}
 
 
-def main(out_dir: str | None = None) -> Path:
+def save_model(out: Path, config: dict, weights: dict[str, torch.Tensor]) -> Path:
+    """Write a tiny model directory: config, generation config, tokenizer, weights."""
     from safetensors.torch import save_file
 
-    out = Path(out_dir) if out_dir else Path(__file__).resolve().parent / "tiny_qwen3"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": CONFIG["bos_token_id"], "eos_token_id": CONFIG["eos_token_id"]},
+        {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]},
         indent=2) + "\n")
     make_tokenizer(out)
-    save_file(make_weights(), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def main(out_dir: str | None = None) -> Path:
+    out = Path(out_dir) if out_dir else Path(__file__).resolve().parent / "tiny_qwen3"
+    return save_model(out, CONFIG, make_weights())
 
 
 if __name__ == "__main__":

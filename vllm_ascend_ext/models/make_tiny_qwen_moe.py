@@ -11,13 +11,12 @@ units and a wrong expert choice visibly changes the output. Deterministic.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-from vllm_ascend_ext.models.make_tiny_qwen3 import make_tokenizer
+from vllm_ascend_ext.models.make_tiny_qwen3 import save_model
 
 CONFIG = {
     "architectures": ["Qwen2MoeForCausalLM"],
@@ -86,17 +85,8 @@ def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def main(out_dir: str | None = None) -> Path:
-    from safetensors.torch import save_file
-
     out = Path(out_dir) if out_dir else Path(__file__).resolve().parent / "tiny_qwen_moe"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
-    (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": CONFIG["bos_token_id"], "eos_token_id": CONFIG["eos_token_id"]},
-        indent=2) + "\n")
-    make_tokenizer(out)
-    save_file(make_weights(), str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
+    return save_model(out, CONFIG, make_weights())
 
 
 if __name__ == "__main__":
