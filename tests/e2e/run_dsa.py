@@ -54,6 +54,37 @@ def corrupt_moe_bias() -> None:
     experts.route = lambda plan, logits, bias: original(plan, logits, bias * 0)
 
 
+def moe_weights_vs_checkpoint(model, model_dir: str) -> float:
+    """Largest difference between each MoE layer's loaded experts, as the kernels take them
+    ([E, K, N], scales [E, N]), and the checkpoint's per-expert tensors read here, apart
+    from vLLM's loader: w13 = [gate; up], w2 = down, int8 times per-channel scale."""
+    import torch
+    from safetensors.torch import load_file
+
+    ckpt = load_file(f"{model_dir}/model.safetensors")
+    worst = 0.0
+    for name, m in model.named_modules():
+        if not hasattr(m, "w13_weight") or not name.endswith(".experts.routed_experts"):
+            continue
+        prefix = name[: -len(".routed_experts")]
+        quantized = m.w13_weight.dtype == torch.int8
+
+        def expert(e: int, proj: str, prefix: str = prefix, quantized: bool = quantized):
+            w = ckpt[f"{prefix}.{e}.{proj}.weight"].double()
+            return w * ckpt[f"{prefix}.{e}.{proj}.weight_scale"].double() if quantized else w
+
+        for e in range(m.w13_weight.shape[0]):
+            w13 = m.w13_weight[e].double().t()
+            w2 = m.w2_weight[e].double().t()
+            if quantized:
+                w13 = w13 * m.w13_weight_scale[e].double()[:, None]
+                w2 = w2 * m.w2_weight_scale[e].double()[:, None]
+            want13 = torch.cat([expert(e, "gate_proj"), expert(e, "up_proj")])
+            worst = max(worst, (w13 - want13).abs().max().item(),
+                        (w2 - expert(e, "down_proj")).abs().max().item())
+    return worst
+
+
 SELECTION: dict[str, int] = {"max_selected": 0, "max_visible": 0, "calls": 0,
                              "first_step_tokens": 0}
 
@@ -154,6 +185,8 @@ def main() -> None:
         "moe_methods": sorted({type(m.quant_method).__name__ for m in model.modules()
                                if "MoE" in type(getattr(m, "quant_method", None)).__name__}),
         "quant": llm.llm_engine.vllm_config.model_config.quantization,
+        "moe_weights_vs_checkpoint": (None if args.dummy else moe_weights_vs_checkpoint(
+            model, tiny_dsa_path(args.quantized))),
         "backends": sorted({layer.attn_backend.get_name() for layer in layers}),
         "routes": [[layer.route.preprocess, layer.route.reason] for layer in layers],
         "fallback_bytes_freed": sum(layer.weights.fallback_bytes_freed for layer in layers),

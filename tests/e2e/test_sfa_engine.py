@@ -43,6 +43,7 @@ def test_generates_through_the_sfa_backend_and_matches_independent_dense_math(ds
     r = dsa(*CHUNKED)
     assert r["model_class"] == "AscendDeepseekV32ForCausalLM" and r["backends"] == ["ASCEND_EXT_SFA"]
     assert r["moe_methods"] == ["AscendFusedMoEMethod"]   # the plugin's MoE method routes
+    assert r["moe_weights_vs_checkpoint"] == 0.0           # experts as the checkpoint has them
     decode = _decode(r)                                     # one MoE layer (layer 1)
     assert [decode[op] for op in ("npu_moe_gating_top_k", "npu_moe_init_routing_v2",
                                   "npu_grouped_matmul", "npu_swiglu",
@@ -88,6 +89,7 @@ def test_w8a8_model_takes_the_fused_prolog_and_matches_the_native_chain(dsa):
     assert "w8a8_dynamic" in fused["routes"][0][1]
     # Routed experts quantized too: int8 grouped matmuls after per-row dynamic quantisation.
     assert fused["moe_methods"] == native["moe_methods"] == ["AscendW8A8FusedMoEMethod"]
+    assert fused["moe_weights_vs_checkpoint"] == 0.0      # int8 x scale, shards and experts in place
     assert {rt[0] for rt in native["routes"]} == {"native"}
     assert _decode(fused)["npu_mla_prolog_v3"] == 2 and "npu_mla_prolog_v3" not in _decode(native)
     assert fused["tokens"] == native["tokens"]
