@@ -71,6 +71,8 @@ def _npu_platform() -> dict:
     from vllm_ascend_ext.attention.fia.builder import AscendFIAMetadataBuilder
     from vllm_ascend_ext.attention.sfa.backend import DEFAULT_BLOCK_SIZE
     from vllm_ascend_ext.attention.sfa.builder import AscendSFAMetadataBuilder
+    from vllm_ascend_ext.moe.method import AscendFusedMoEMethod
+    from vllm_ascend_ext.moe.w8a8 import AscendW8A8FusedMoEMethod
     from vllm_ascend_ext.platform.graph_mode import decide_graph_mode
     from vllm_ascend_ext.platform.npu import AscendNPUPlatform
 
@@ -95,6 +97,13 @@ def _npu_platform() -> dict:
         "distributed_backend": AscendNPUPlatform.dist_backend,
         "block_size": {"fia": 128, "sfa": DEFAULT_BLOCK_SIZE},
         "fia_backend": AscendFIABackend.get_name(),
+        "moe": {
+            "method": f"{AscendFusedMoEMethod.__module__}.{AscendFusedMoEMethod.__qualname__}",
+            "w8a8_method": f"{AscendW8A8FusedMoEMethod.__module__}."
+                           f"{AscendW8A8FusedMoEMethod.__qualname__}",
+            "replaces": "vLLM's UnquantizedFusedMoEMethod while the platform is active",
+            "expert_parallel": "refused (no all-to-all communicator yet)",
+        },
     }
 
 
