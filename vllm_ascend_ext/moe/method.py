@@ -2,8 +2,9 @@
 
 Registered with ``UnquantizedFusedMoEMethod.register_oot`` while the plugin's platform is
 active (``vllm_ascend_ext.register``), so every MoE layer vLLM builds without a quantized
-expert method gets it: the DeepSeek-V3.2 / GLM-5 layers of the plugin's DSA model (float
-and W8A8, whose routed experts stay unquantized), Qwen MoE and Qwen3-Next / Qwen3.5.
+expert method gets it: the DeepSeek-V3.2 / GLM-5 layers of the plugin's DSA model, Qwen MoE
+and Qwen3-Next / Qwen3.5. Experts a ModelSlim description quantizes get
+``AscendW8A8FusedMoEMethod`` (``moe/w8a8.py``), which shares ``MonolithicEntry``.
 
 On the emulated (CPU-based) platform vLLM calls the MoE layer directly inside the compiled
 model, where the references' per-expert row counts would be data-dependent shapes; the
@@ -11,7 +12,7 @@ method then enters through ``torch.ops.ascend_ext.moe_routed_experts``, an opaqu
 op (as vLLM's own ``moe_forward`` is on the NPU platform).
 
 It is *monolithic* in vLLM's terms: it receives the router logits and routes itself
-(``routing.plan_routing`` decides the gating operator once, when the weights are loaded;
+(``routing.plan_routing`` decides the gating operator once, when the layer is built;
 ``experts.route`` and ``experts.routed_experts`` issue the calls). vLLM's MoE runner still
 runs the shared experts and adds them. Expert parallelism is refused at startup
 (``platform.config_hooks.refuse_expert_parallel``); the weights stay in vLLM's parameters,
