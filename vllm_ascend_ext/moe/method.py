@@ -120,6 +120,14 @@ class MonolithicEntry:
     def supports_eplb(self) -> bool:
         return False
 
+    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype,
+                            moe_parallel_config):
+        # No padding: the grouped matmul takes the model's sizes as they are.
+        return hidden_size, intermediate_size_per_partition
+
+    def get_fused_moe_quant_config(self, layer):
+        return None   # no modular kernel to configure
+
     def routed(self, layer, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         plan = self.plan
         assert plan is not None, "the MoE method's create_weights has not run"
@@ -156,11 +164,6 @@ class AscendFusedMoEMethod(MonolithicEntry, UnquantizedFusedMoEMethod):
     def method_name(self) -> str:
         return "ascend_ext"
 
-    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype,
-                            moe_parallel_config):
-        # No padding: the grouped matmul takes the model's sizes as they are.
-        return hidden_size, intermediate_size_per_partition
-
     def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
                        params_dtype, **extra_weight_attrs):
         self.plan = layer_routing_plan(layer)   # refuse before any weight is read
@@ -171,9 +174,6 @@ class AscendFusedMoEMethod(MonolithicEntry, UnquantizedFusedMoEMethod):
         transpose_experts(layer, "w13_weight", "w2_weight")
         logger.debug_once("ascend_ext: MoE layers routed by %s (%s)", self.plan.op,
                           self.plan.describe())
-
-    def get_fused_moe_quant_config(self, layer):
-        return None
 
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(layer, router_logits)

@@ -36,10 +36,6 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
     def method_name(self) -> str:
         return "ascend_ext_w8a8_dynamic"
 
-    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype,
-                            moe_parallel_config):
-        return hidden_size, intermediate_size_per_partition
-
     def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
                        params_dtype, **extra_weight_attrs):
         self.plan = layer_routing_plan(layer)
@@ -69,9 +65,6 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
             scale = getattr(layer, f"{stem}_weight_scale")
             scale.data = scale.data[..., 0].float().contiguous()       # [E, N]
         transpose_experts(layer, "w13_weight", "w2_weight")
-
-    def get_fused_moe_quant_config(self, layer):
-        return None
 
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(layer, router_logits)
