@@ -15,7 +15,8 @@ import sys
 from setuptools import find_packages, setup
 
 EXT_NAME = "vllm_ascend_ext._C_ascend_ext"
-SOURCES = ["csrc/module.cpp", "csrc/registration.cpp", "csrc/mla_prolog_v3_k3.cpp"]
+SOURCES = ["csrc/module.cpp", "csrc/registration.cpp", "csrc/mla_prolog_v3_k3.cpp",
+           "csrc/gdn_ext.cpp"]
 
 
 def _say(msg: str) -> None:
@@ -81,7 +82,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_ascend_ext", "vllm_ascend_ext.*"]),
-    package_data={"vllm_ascend_ext.models": ["tiny_qwen3/*", "tiny_qwen_moe/*", "tiny_dsa/*",
+    package_data={"vllm_ascend_ext.models": ["tiny_qwen3/*", "tiny_qwen_moe/*",
+                                            "tiny_qwen3_next/*", "tiny_dsa/*",
                                             "tiny_dsa_w8a8/*"]},
     include_package_data=True,
     ext_modules=ext_modules,

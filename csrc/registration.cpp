@@ -6,6 +6,7 @@
 // vllm-ascend PR 16924 shows what a custom build under CANN's name breaks.
 #include <torch/library.h>
 
+#include "gdn_ext.h"
 #include "mla_prolog_v3_k3.h"
 
 TORCH_LIBRARY(_C_ascend_ext, m) {
@@ -16,14 +17,28 @@ TORCH_LIBRARY(_C_ascend_ext, m) {
       "float rmsnorm_epsilon_cq=1e-05, float rmsnorm_epsilon_ckv=1e-05, "
       "str cache_mode=\"PA_BSND\", bool query_norm_flag=False, float qc_qr_scale=1.0, "
       "float kc_scale=1.0) -> (Tensor query, Tensor query_norm)");
+  m.def(
+      "npu_causal_conv1d_ext(Tensor x, Tensor weight, Tensor(a!) conv_states, "
+      "Tensor query_start_loc, Tensor cache_indices, Tensor has_initial_state, *, "
+      "Tensor? bias=None, Tensor? num_accepted_tokens=None, bool silu=True, "
+      "int pad_slot_id=-1) -> Tensor");
+  m.def(
+      "npu_recurrent_gated_delta_rule_ext(Tensor query, Tensor key, Tensor value, "
+      "Tensor(a!) state, *, Tensor beta, float scale, Tensor actual_seq_lengths, "
+      "Tensor ssm_state_indices, Tensor? num_accepted_tokens=None, Tensor? g=None, "
+      "Tensor? has_initial_state=None, int max_seq_len=8) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(_C_ascend_ext, CPU, m) {
   m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_kernel);
+  m.impl("npu_causal_conv1d_ext", &ascend_ext_gdn::causal_conv1d_ext_kernel);
+  m.impl("npu_recurrent_gated_delta_rule_ext", &ascend_ext_gdn::recurrent_gdr_ext_kernel);
 }
 
 TORCH_LIBRARY_IMPL(_C_ascend_ext, Meta, m) {
   m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_meta);
+  m.impl("npu_causal_conv1d_ext", &ascend_ext_gdn::causal_conv1d_ext_meta);
+  m.impl("npu_recurrent_gated_delta_rule_ext", &ascend_ext_gdn::recurrent_gdr_ext_meta);
 }
 
 #ifdef ASCEND_EXT_WITH_NPU
@@ -31,5 +46,7 @@ TORCH_LIBRARY_IMPL(_C_ascend_ext, Meta, m) {
 // dispatched to torch_npu's NPU kernels. A fused Ascend C kernel would register here.
 TORCH_LIBRARY_IMPL(_C_ascend_ext, PrivateUse1, m) {
   m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_kernel);
+  m.impl("npu_causal_conv1d_ext", &ascend_ext_gdn::causal_conv1d_ext_kernel);
+  m.impl("npu_recurrent_gated_delta_rule_ext", &ascend_ext_gdn::recurrent_gdr_ext_kernel);
 }
 #endif

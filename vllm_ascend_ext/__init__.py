@@ -82,6 +82,9 @@ def register() -> None:
     register_quantization()
     register_models()
     register_moe()
+    from vllm_ascend_ext.attention.gdn.layer import register as register_gdn
+
+    register_gdn()
     from vllm_ascend_ext.ops._ext import report_if_missing
 
     report_if_missing()

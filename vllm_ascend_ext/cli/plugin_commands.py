@@ -25,14 +25,21 @@ class PluginCommand:
 
 
 def _tiny_paths() -> dict:
-    from vllm_ascend_ext.models import tiny_dsa_path, tiny_model_path, tiny_qwen_moe_path
+    from vllm_ascend_ext.models import (
+        tiny_dsa_path,
+        tiny_model_path,
+        tiny_qwen3_next_path,
+        tiny_qwen_moe_path,
+    )
 
-    return {"qwen3": tiny_model_path, "qwen-moe": tiny_qwen_moe_path, "dsa": tiny_dsa_path,
+    return {"qwen3": tiny_model_path, "qwen-moe": tiny_qwen_moe_path,
+            "qwen3-next": tiny_qwen3_next_path, "dsa": tiny_dsa_path,
             "dsa-w8a8": lambda: tiny_dsa_path(quantized=True)}
 
 
 class TinyModelPathCommand(PluginCommand):
-    """``tiny-model-path [qwen3|qwen-moe|dsa|dsa-w8a8]``: print an embedded tiny model's directory."""
+    """``tiny-model-path [qwen3|qwen-moe|qwen3-next|dsa|dsa-w8a8]``: print an embedded tiny
+    model's directory."""
 
     name = "tiny-model-path"
 
@@ -46,9 +53,10 @@ class TinyModelPathCommand(PluginCommand):
             self.name,
             help="Print the directory of an embedded tiny model (no download needed).",
             description="Print the directory of an embedded tiny model: the Qwen3-style one "
-            "(qwen3, default), the DeepSeek-V3.2-style one (dsa) or its ModelSlim W8A8 "
-            "variant (dsa-w8a8). Their weights are random at a realistic scale: the text "
-            "they generate is gibberish by design.",
+            "(qwen3, default), the Qwen MoE one (qwen-moe), the hybrid Qwen3-Next one "
+            "(qwen3-next: Gated-DeltaNet and full-attention layers), the DeepSeek-V3.2-style "
+            "one (dsa) or its ModelSlim W8A8 variant (dsa-w8a8). Their weights are random at "
+            "a realistic scale: the text they generate is gibberish by design.",
         )
         parser.add_argument("which", nargs="?", default="qwen3", choices=list(_tiny_paths()))
         return parser

@@ -21,6 +21,16 @@ def tiny_qwen_moe_path() -> str:
     return str(TINY_QWEN_MOE)
 
 
+TINY_QWEN3_NEXT = Path(__file__).resolve().parent / "tiny_qwen3_next"
+
+
+def tiny_qwen3_next_path() -> str:
+    """Embedded tiny Qwen3-Next model (hybrid: three Gated-DeltaNet layers, then one gated
+    full-attention layer; softmax top-2 of 4 experts plus a gated shared expert), realistic-scale
+    weights. Stock vLLM's CPU Gated-DeltaNet runs it in bfloat16 only."""
+    return str(TINY_QWEN3_NEXT)
+
+
 TINY_DSA = Path(__file__).resolve().parent / "tiny_dsa"
 TINY_DSA_W8A8 = Path(__file__).resolve().parent / "tiny_dsa_w8a8"
 

@@ -38,10 +38,11 @@ _ACTIVE: list[OpCounter] = []
 IGNORED_NAMESPACES = ("profiler",)
 # Custom-op wrappers whose body is counted instead of the wrapper: name -> Python body.
 TRANSPARENT_OPS = {"ascend_ext.sfa_forward": "vllm_ascend_ext.attention.sfa.layer:run_sfa_forward",
-                   "ascend_ext.moe_routed_experts": "vllm_ascend_ext.moe.method:run_routed_experts"}
+                   "ascend_ext.moe_routed_experts": "vllm_ascend_ext.moe.method:run_routed_experts",
+                   "ascend_ext.gdn_forward": "vllm_ascend_ext.attention.gdn.layer:run_gdn_forward"}
 # Which per-step tally each wrapper's body also goes to (StepCounts.in_layers / in_moe).
 ATTENTION_REGION, MOE_REGION = "attention", "moe"
-REGIONS = {"ascend_ext.sfa_forward": ATTENTION_REGION,
+REGIONS = {"ascend_ext.sfa_forward": ATTENTION_REGION, "ascend_ext.gdn_forward": ATTENTION_REGION,
            "ascend_ext.moe_routed_experts": MOE_REGION}
 
 

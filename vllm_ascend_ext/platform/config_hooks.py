@@ -70,3 +70,27 @@ def refuse_expert_parallel(vllm_config) -> None:
         raise AscendExtError(
             "--enable-eplb: expert load balancing needs expert parallelism, which the "
             "ascend_ext MoE method does not support yet")
+
+
+def hybrid_prefix_caching_off(vllm_config) -> str | None:
+    """Hybrid (Gated-DeltaNet) models: prefix caching off, with the reason (or None).
+
+    vLLM turns prefix caching into its "align" state-cache mode for hybrid models: the
+    linear-attention layers must write state checkpoints at block boundaries during
+    prefill, and with speculative decoding the runner copies states with Triton-only
+    kernels. The plugin's GDN layers write neither yet, so a prefix hit would resume from
+    a state nobody wrote. Runs after vLLM's own hybrid hook, before block sizes are
+    aligned (``update_block_size_for_backend``), so the "none" mode's sizes apply.
+    """
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    if model is None or not getattr(model, "is_hybrid", False):
+        return None
+    if not cache.enable_prefix_caching and cache.mamba_cache_mode == "none":
+        return None
+    cache.enable_prefix_caching = False
+    if cache.mamba_cache_mode != "none":
+        cache.mamba_cache_mode = "none"
+        cache.mamba_block_size = model.max_model_len
+    return (f"prefix caching is off for the hybrid model {model.architecture}: the plugin's "
+            "Gated-DeltaNet layers do not write vLLM's align-mode state checkpoints yet "
+            "(and vLLM's speculative state copies for that mode are Triton-only)")

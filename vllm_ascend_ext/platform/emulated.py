@@ -21,6 +21,7 @@ from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.allocator import keep_large_blocks_in_heap
 from vllm_ascend_ext.platform.config_hooks import (
     apply_quant_description,
+    hybrid_prefix_caching_off,
     is_sparse_mla_model,
     refuse_expert_parallel,
     sfa_block_size,
@@ -87,4 +88,7 @@ class EmulatedAscendPlatform(CpuPlatform):
             (sched.enable_chunked_prefill, cache.enable_prefix_caching,
              sched.max_num_batched_tokens) = kept
             sfa_block_size(cache)
+        why = hybrid_prefix_caching_off(vllm_config)
+        if why:
+            logger.warning("ascend_ext: %s", why)
         preflight(PLATFORM_NAME, cls.soc(), vllm_config)

@@ -29,7 +29,7 @@ DECODE_GRAPHS = CUDAGraphMode.FULL_DECODE_ONLY
 
 
 def decide_graph_mode(requested: CUDAGraphMode, *, enforce_eager: bool, sparse: bool,
-                      parallel_ranks: int = 1) -> tuple[CUDAGraphMode, str]:
+                      parallel_ranks: int = 1, hybrid: bool = False) -> tuple[CUDAGraphMode, str]:
     """(mode the NPU platform runs, why) for vLLM's resolved ``cudagraph_mode``;
     ``parallel_ranks``: tensor x pipeline parallel size."""
     if enforce_eager or requested == CUDAGraphMode.NONE:
@@ -37,6 +37,9 @@ def decide_graph_mode(requested: CUDAGraphMode, *, enforce_eager: bool, sparse: 
     if sparse:
         return CUDAGraphMode.NONE, ("eager: the SFA backend has no replay update for sparse "
                                     "attention's host lists")
+    if hybrid:
+        return CUDAGraphMode.NONE, ("eager: the plugin's Gated-DeltaNet layers have no graph "
+                                    "replay update for their per-step state indices")
     if requested == CUDAGraphMode.PIECEWISE:
         return CUDAGraphMode.NONE, ("eager: vLLM chose piecewise graphs (a pooling model or a "
                                     "KV connector that needs them); the NPU platform offers "
@@ -60,7 +63,8 @@ def apply_graph_mode(vllm_config, *, sparse: bool) -> tuple[CUDAGraphMode, str]:
              * getattr(parallel, "pipeline_parallel_size", 1))
     mode, why = decide_graph_mode(comp.cudagraph_mode,
                                   enforce_eager=bool(model and model.enforce_eager),
-                                  sparse=sparse, parallel_ranks=ranks)
+                                  sparse=sparse, parallel_ranks=ranks,
+                                  hybrid=bool(model and getattr(model, "is_hybrid", False)))
     if mode != comp.cudagraph_mode:
         logger.info("ascend_ext: cudagraph_mode %s -> %s: %s", comp.cudagraph_mode.name,
                     mode.name, why)

@@ -21,6 +21,7 @@ from vllm_ascend_ext.platform import npu_host, versions
 from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.config_hooks import (
     apply_quant_description,
+    hybrid_prefix_caching_off,
     is_sparse_mla_model,
     refuse_expert_parallel,
     sfa_block_size,
@@ -192,6 +193,9 @@ class AscendNPUPlatform(Platform):
             parallel.worker_cls = WORKER_CLS
         apply_quant_description(vllm_config)
         refuse_expert_parallel(vllm_config)
+        why = hybrid_prefix_caching_off(vllm_config)
+        if why:
+            logger.warning("ascend_ext: %s", why)
         apply_graph_mode(vllm_config, sparse=is_sparse_mla_model(vllm_config.model_config))
         refuse_unsupported_parallelism(vllm_config)
         use_v1_runner(vllm_config)

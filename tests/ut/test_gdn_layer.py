@@ -1,0 +1,253 @@
+"""The GDN layer's per-step plan, builder and core, without vLLM's engine.
+
+- ``plan_spans``: which rows take the recurrent / prefill path, ordering, refusals;
+- the builder + core on ``meta`` tensors (nothing can read device data there), for
+  plain, speculative (full and ragged verify rows) and mixed steps, on both op tables;
+- the core over several steps against an explicit float64 per-request model of the
+  layer (conv window, gates, L2 norm, delta rule): prefills continuing a state,
+  decodes, verify rows with 0..3 accepted drafts, a verify row shorter than the previous
+  accepted count (the guard path), and the guard's bitwise promise.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_ascend_ext.attention.gdn.builder import AscendGdnMetadataBuilder
+from vllm_ascend_ext.attention.gdn.core import GdnDims, GdnWeights, gdn_core
+from vllm_ascend_ext.attention.gdn.ops_table import gdn_ops_for
+from vllm_ascend_ext.attention.gdn.spans import GdnBatchError, plan_spans
+
+NK, NV, DK, DV, K = 2, 4, 8, 6, 4
+DIMS = GdnDims(NK, NV, DK, DV)
+CONV_DIM = 2 * NK * DK + NV * DV
+
+
+# --- plan_spans ---------------------------------------------------------------------------
+
+def test_plain_step_decode_first():
+    s = plan_spans([1, 1, 5, 3, 0], [7, 2, 0, 4, 0], None, 0)
+    assert s.rec_rows == (0, 1) and s.pre_rows == (2, 3)
+    assert s.pre_has_state == (False, True) and s.token_order is None
+    assert s.kind == "decode+prefill" and (s.rec_tokens, s.pre_tokens) == (2, 8)
+
+
+def test_one_token_first_chunk_is_a_prefill():
+    s = plan_spans([1], [0], None, 0)
+    assert s.pre_rows == (0,) and s.pre_has_state == (False,)
+
+
+def test_speculative_rows_and_reordered_short_prefill():
+    # vLLM's reorder puts short rows first: a 2-token prompt chunk among verify rows
+    s = plan_spans([4, 2, 1, 6], [9, 3, 5, 0], [3, -1, 0, -1], 3)
+    assert s.rec_rows == (0, 2) and s.pre_rows == (1, 3) and s.speculative
+    assert s.token_order == (0, 1, 2, 3, 6, 4, 5, 7, 8, 9, 10, 11, 12)
+
+
+@pytest.mark.parametrize("q,drafts,msg", [([3], [3], "3 tokens for 3 drafts"),
+                                          ([5], [4], "num_speculative_tokens")])
+def test_inconsistent_draft_rows_fail_loudly(q, drafts, msg):
+    with pytest.raises(GdnBatchError, match=msg):
+        plan_spans(q, [4], drafts, 3)
+
+
+def test_mismatched_host_lists_fail_loudly():
+    with pytest.raises(GdnBatchError, match="2 query lengths, 1 computed"):
+        plan_spans([1, 1], [3], None, 0)
+
+
+# --- builder + core -----------------------------------------------------------------------
+
+def builder(num_spec: int) -> AscendGdnMetadataBuilder:
+    b = AscendGdnMetadataBuilder.__new__(AscendGdnMetadataBuilder)
+    b.num_spec, b.use_spec_decode, b.kv_cache_spec = num_spec, num_spec > 0, None
+    b.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(mamba_cache_mode="none"))
+    return b
+
+
+def cam(query, computed, table, device):
+    qsl = [0]
+    for q in query:
+        qsl.append(qsl[-1] + q)
+    return SimpleNamespace(
+        num_reqs=len(query), num_actual_tokens=qsl[-1],
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32),
+        seq_lens_cpu_upper_bound=torch.tensor([c + q for c, q in zip(computed, query)]),
+        seq_lens=torch.tensor([c + q for c, q in zip(computed, query)], device=device),
+        block_table_tensor=torch.tensor(table, dtype=torch.int32, device=device))
+
+
+def weights(dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return GdnWeights(conv_weight=(torch.randn(K, CONV_DIM, generator=g) / 2).to(dtype).to(device),
+                      conv_bias=None, a_log=(torch.rand(NV, generator=g) - 1).to(device),
+                      dt_bias=torch.rand(NV, generator=g).to(device), silu=True)
+
+
+def run_step(b, query, computed, table, drafts, accepted, conv, ssm, x, bb, aa, family,
+             device="cpu"):
+    spans_md = b.build(0, cam(query, computed, table, device),
+                       num_accepted_tokens=(None if accepted is None else
+                                            torch.tensor(accepted, dtype=torch.int32,
+                                                         device=device)),
+                       num_decode_draft_tokens_cpu=(None if drafts is None
+                                                    else torch.tensor(drafts)))
+    out = torch.zeros(x.shape[0], NV, DV, dtype=x.dtype, device=device)
+    gdn_core(spans_md, gdn_ops_for(family), DIMS, weights(x.dtype, device), conv, ssm, x, bb,
+             aa, out)
+    return spans_md, out
+
+
+@pytest.mark.parametrize("family", ["A2", "A5"])
+@pytest.mark.parametrize("case", ["plain", "mixed", "spec_full", "spec_ragged", "spec_mixed"])
+def test_builder_and_core_run_on_meta_tensors(family, case):
+    """Meta tensors carry no data: any host read of device values would raise here."""
+    num_spec = 0 if case in ("plain", "mixed") else 3
+    query, computed, drafts, accepted = {
+        "plain": ([1, 1, 1], [5, 9, 2], None, None),
+        "mixed": ([1, 1, 7], [5, 9, 0], None, None),
+        "spec_full": ([4, 4], [5, 9], [3, 3], [1, 4]),
+        "spec_ragged": ([2, 4, 1], [5, 9, 3], [1, 3, 0], [3, 1, 2]),
+        "spec_mixed": ([4, 3, 6], [5, 2, 0], [3, -1, -1], [2, 1, 1]),
+    }[case]
+    table = [[1 + 4 * i + j for j in range(num_spec + 1)] for i in range(len(query))]
+    n = sum(query)
+    dev = torch.device("meta")
+    conv = torch.empty(20, CONV_DIM, K - 1 + num_spec, device=dev).transpose(1, 2)
+    ssm = torch.empty(20, NV, DV, DK, device=dev)
+    md, out = run_step(builder(num_spec), query, computed, table, drafts, accepted, conv, ssm,
+                       torch.empty(n, CONV_DIM, device=dev), torch.empty(n, NV, device=dev),
+                       torch.empty(n, NV, device=dev), family, device=dev)
+    assert out.device.type == "meta" and md.num_tokens == n
+    if case == "spec_full":
+        assert md.accepted_in_op
+    if case == "spec_ragged":
+        assert not md.accepted_in_op  # the guard path
+
+
+# --- the core against an explicit model ---------------------------------------------------
+
+class Explicit:
+    """Per request, float64: conv history (inputs), state S [NV, DV, DK]."""
+
+    def __init__(self, w: GdnWeights):
+        self.w = {k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in vars(w).items()}
+        self.hist: dict[int, list] = {}
+        self.state: dict[int, torch.Tensor] = {}
+
+    def token(self, req, x, b, a):
+        h = self.hist.setdefault(req, [torch.zeros(CONV_DIM, dtype=torch.float64)] * (K - 1))
+        window = h[-(K - 1):] + [x.double()]
+        y = sum(self.w["conv_weight"][j] * window[j] for j in range(K))
+        y = y * torch.sigmoid(y)
+        self.hist[req] = window
+        q, k, v = y[:NK * DK].view(NK, DK), y[NK * DK:2 * NK * DK].view(NK, DK), y[2 * NK * DK:].view(NV, DV)
+        s = self.state.setdefault(req, torch.zeros(NV, DV, DK, dtype=torch.float64))
+        out = torch.zeros(NV, DV, dtype=torch.float64)
+        for hd in range(NV):
+            kk = k[hd // (NV // NK)]
+            kk = kk / math.sqrt(float((kk * kk).sum()) + 1e-6)
+            qq = q[hd // (NV // NK)]
+            qq = qq / math.sqrt(float((qq * qq).sum()) + 1e-6) * DK ** -0.5
+            sp = math.log1p(math.exp(float(a[hd]) + float(self.w["dt_bias"][hd])))
+            decay = math.exp(-math.exp(float(self.w["a_log"][hd])) * sp)
+            beta = 1 / (1 + math.exp(-float(b[hd])))
+            s[hd] = s[hd] * decay
+            s[hd] = s[hd] + torch.outer((v[hd] - s[hd] @ kk) * beta, kk)
+            out[hd] = s[hd] @ qq
+        return out
+
+    def snapshot(self, req):
+        return [t.clone() for t in self.hist[req]], self.state[req].clone()
+
+    def restore(self, req, snap):
+        self.hist[req], self.state[req] = [t.clone() for t in snap[0]], snap[1].clone()
+
+
+@pytest.mark.parametrize("family", ["A2", "A5"])
+def test_core_matches_explicit_model_over_plain_and_speculative_steps(family):
+    """Three requests: chunked prefill (continuing a state), then verify steps with ragged
+    drafts and random acceptance, including a row shorter than its previous accepted
+    count; the explicit model runs only the accepted tokens, as plain decoding would."""
+    rnd = random.Random(1)
+    torch.manual_seed(1)
+    num_spec, dtype = 3, torch.float64
+    b = builder(num_spec)
+    w = weights(dtype, "cpu")
+    ref = Explicit(w)
+    table = [[1 + 4 * i + j for j in range(num_spec + 1)] for i in range(3)]
+    conv = torch.randn(16, CONV_DIM, K - 1 + num_spec, dtype=dtype).transpose(1, 2)
+    ssm = torch.randn(16, NV, DV, DK, dtype=dtype)  # garbage: first chunks must not read it
+    computed = [0, 0, 0]
+
+    def inputs(n):
+        return (torch.randn(n, CONV_DIM, dtype=dtype), torch.randn(n, NV, dtype=dtype),
+                torch.randn(n, NV, dtype=dtype))
+
+    # two prefill chunks per request (the second continues the state)
+    for chunk in ([5, 3, 7], [4, 6, 2]):
+        x, bb, aa = inputs(sum(chunk))
+        _, out = run_step(b, chunk, computed, table, [-1] * 3, [1, 1, 1], conv, ssm, x, bb, aa,
+                          family)
+        t = 0
+        for r, n in enumerate(chunk):
+            for _ in range(n):
+                torch.testing.assert_close(out[t], ref.token(r, x[t], bb[t], aa[t]),
+                                           rtol=1e-9, atol=1e-9)
+                t += 1
+            computed[r] += n
+    accepted = [1, 1, 1]
+    for step in range(6):
+        drafts = [rnd.randint(0, num_spec) for _ in range(3)]
+        forced = None
+        if step == 2:  # full verify rows; accept 2, 3 and 0 drafts
+            drafts, forced = [3, 3, 3], [3, 4, 1]
+        if step == 3:  # rows shorter than the accepted count they resume from
+            drafts = [1, 0, 3]
+        query = [d + 1 for d in drafts]
+        x, bb, aa = inputs(sum(query))
+        md, out = run_step(b, query, computed, table, drafts, accepted, conv, ssm, x, bb, aa,
+                           family)
+        assert md.speculative and md.accepted_in_op == all(q == num_spec + 1 for q in query)
+        t, new_accepted = 0, []
+        for r, n in enumerate(query):
+            snap = ref.snapshot(r)
+            outs = [ref.token(r, x[t + i], bb[t + i], aa[t + i]) for i in range(n)]
+            for i in range(n):
+                torch.testing.assert_close(out[t + i], outs[i], rtol=1e-9, atol=1e-9)
+            a = forced[r] if forced else rnd.randint(1, n)  # a - 1 drafts accepted
+            ref.restore(r, snap)
+            for i in range(a):
+                ref.token(r, x[t + i], bb[t + i], aa[t + i])
+            computed[r] += a
+            new_accepted.append(a)
+            t += n
+        accepted = new_accepted
+
+
+def test_guard_leaves_a_no_draft_request_exactly_the_plain_decode_state():
+    """fp32: a verify row whose drafts are all rejected ends (after the next step's guard)
+    with bitwise the state and conv window a plain decode step leaves."""
+    torch.manual_seed(3)
+    dtype = torch.float32
+    conv0 = torch.randn(8, CONV_DIM, K - 1 + 3, dtype=dtype).transpose(1, 2)
+    ssm0 = torch.randn(8, NV, DV, DK, dtype=dtype)
+    x, bb, aa = (torch.randn(4, CONV_DIM), torch.randn(4, NV), torch.randn(4, NV))
+    # speculative engine: verify [x0, d1, d2, d3] for request 0 (slots 1..4)
+    conv_s, ssm_s = conv0.clone(), ssm0.clone()
+    run_step(builder(3), [4], [9], [[1, 2, 3, 4]], [3], [1], conv_s, ssm_s, x, bb, aa, "A2")
+    # next step: no draft accepted (accepted = 1), a one-token row: the guard copies column 0
+    from vllm_ascend_ext.attention.gdn.core import apply_accepted_guard
+
+    apply_accepted_guard(ssm_s, torch.tensor([[1, 2, 3, 4]]), torch.tensor([1]))
+    # plain engine: decode x0 alone from the same state (slot 1)
+    conv_p, ssm_p = conv0[:, :K - 1].clone(), ssm0.clone()
+    run_step(builder(0), [1], [9], [[1]], None, None, conv_p, ssm_p, x[:1], bb[:1], aa[:1], "A2")
+    assert torch.equal(ssm_s[1], ssm_p[1])
+    assert torch.equal(conv_s[1, :K - 1], conv_p[1, :K - 1])

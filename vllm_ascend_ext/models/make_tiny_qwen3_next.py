@@ -1,0 +1,149 @@
+"""Generate the embedded tiny Qwen3-Next model (hybrid: Gated DeltaNet + gated attention, MoE).
+
+    python -m vllm_ascend_ext.models.make_tiny_qwen3_next [OUT_DIR]
+
+Four layers, three Gated-DeltaNet (linear attention) layers then one gated full-attention
+layer (``full_attention_interval`` 4), each with a softmax top-2 of 4 experts MoE,
+renormalised, plus a shared expert behind a sigmoid gate. Weight names are the HF
+checkpoint's (per-expert ``mlp.experts.{e}.*_proj``, ``linear_attn.in_proj_qkvz`` /
+``in_proj_ba`` / ``conv1d`` / ``A_log`` / ``dt_bias`` / ``norm`` / ``out_proj``, a
+``q_proj`` twice as wide as the heads: query and output gate), which both
+``transformers.Qwen3NextForCausalLM`` and vLLM's ``qwen3_next.py`` load.
+
+Same tokenizer and scale conventions as ``make_tiny_qwen3`` (embeddings ~N(0, 1),
+projections ~N(0, 1/fan_in)). Qwen3-Next's RMSNorms scale by ``1 + weight`` (zero-centred
+weights: gains near 1 are weights near 0; q/k-norm gains of ~1.6 as in the tiny Qwen3),
+except the gated norm of the DeltaNet output, which scales by ``weight``. ``exp(A_log)``
+spans 0.1..1 and ``dt_bias`` is ~1, so the per-token decay ``exp(g)``,
+``g = -exp(A_log) * softplus(a + dt_bias)``, keeps a few tokens of state (neither ~1 nor
+~0); conv1d taps ~N(0, 1/K). The full-attention ``o_proj`` is doubled to make up for its
+sigmoid output gate, and ``lm_head`` spreads logits over ~9 units with token-dependent row
+norms: greedy top-1/top-2 margins have a median ~4 and are < 0.5 in ~6% of steps.
+
+The DeltaNet head dims are 64, not 32: vLLM's CPU Gated-DeltaNet kernels take 64 or 128
+only (and bfloat16 only). Tensors are stored in bfloat16 (values exact in float32; the
+config says float32) so that the file stays under 2 MiB. Deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from vllm_ascend_ext.models.make_tiny_qwen3 import save_model
+
+CONFIG = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "hidden_size": 128,
+    "intermediate_size": 256,  # dense MLP width: unused, every layer is MoE
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "full_attention_interval": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "partial_rotary_factor": 0.25,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 0,
+    "torch_dtype": "float32",
+}
+
+STORAGE_DTYPE = torch.bfloat16
+
+
+def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    c = CONFIG
+    h, vocab, hd = c["hidden_size"], c["vocab_size"], c["head_dim"]
+    nq, nkv = c["num_attention_heads"], c["num_key_value_heads"]
+    nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv, kern = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
+    key_dim, value_dim = nk * dk, nv * dv
+    moe_i, shared_i = c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+
+    def lin(out_f: int, in_f: int) -> torch.Tensor:
+        return torch.randn(out_f, in_f, generator=g) / in_f**0.5
+
+    def offset(n: int, center: float = 0.0, spread: float = 0.1) -> torch.Tensor:
+        # Qwen3NextRMSNorm multiplies by (1 + weight): a gain of 1 + center.
+        return center + spread * torch.randn(n, generator=g)
+
+    w = {"model.embed_tokens.weight": torch.randn(vocab, h, generator=g)}
+    for i, kind in enumerate(c["layer_types"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = offset(h)
+        w[p + "post_attention_layernorm.weight"] = offset(h)
+        if kind == "linear_attention":
+            q = p + "linear_attn."
+            # Rows per key head: qkvz [q (dk), k (dk), v (nv/nk * dv), z (nv/nk * dv)],
+            # ba [b (nv/nk), a (nv/nk)].
+            w[q + "in_proj_qkvz.weight"] = lin(2 * key_dim + 2 * value_dim, h)
+            w[q + "in_proj_ba.weight"] = lin(2 * nv, h)
+            w[q + "conv1d.weight"] = torch.randn(2 * key_dim + value_dim, 1, kern,
+                                                 generator=g) / kern**0.5
+            a = torch.empty(nv).uniform_(math.log(0.1), 0.0, generator=g)
+            w[q + "A_log"] = a  # exp(A_log) in [0.1, 1]
+            w[q + "dt_bias"] = 1.0 + 0.3 * torch.randn(nv, generator=g)
+            w[q + "norm.weight"] = 1.0 + 0.1 * torch.randn(dv, generator=g)  # plain gain
+            w[q + "out_proj.weight"] = lin(h, value_dim)
+        else:
+            q = p + "self_attn."
+            # Per head: [query (hd), gate (hd)].
+            w[q + "q_proj.weight"] = lin(nq * hd * 2, h)
+            w[q + "k_proj.weight"] = lin(nkv * hd, h)
+            w[q + "v_proj.weight"] = lin(nkv * hd, h)
+            w[q + "o_proj.weight"] = lin(h, nq * hd) * 2.0  # makes up for the sigmoid gate
+            w[q + "q_norm.weight"] = offset(hd, 0.6, 0.2)
+            w[q + "k_norm.weight"] = offset(hd, 0.6, 0.2)
+        w[p + "mlp.gate.weight"] = lin(c["num_experts"], h) * 3.0
+        for e in range(c["num_experts"]):
+            q = p + f"mlp.experts.{e}."
+            w[q + "gate_proj.weight"] = lin(moe_i, h)
+            w[q + "up_proj.weight"] = lin(moe_i, h)
+            w[q + "down_proj.weight"] = lin(h, moe_i) * 2.0
+        w[p + "mlp.shared_expert.gate_proj.weight"] = lin(shared_i, h)
+        w[p + "mlp.shared_expert.up_proj.weight"] = lin(shared_i, h)
+        w[p + "mlp.shared_expert.down_proj.weight"] = lin(h, shared_i)
+        w[p + "mlp.shared_expert_gate.weight"] = lin(1, h)
+    w["model.norm.weight"] = offset(h)
+    # Logits spread over ~9 units, with token-dependent row norms (as in trained LMs: a heavier
+    # top tail), so the top-1/top-2 margin of a greedy step is > 0.5 in ~90% of steps. The
+    # special tokens (eos 0, bos 1) get small rows, as if rarely seen in training: greedy
+    # continuations run their full length instead of stopping at an early eos.
+    row_gain = torch.exp(0.3 * torch.randn(vocab, 1, generator=g))
+    row_gain[[c["eos_token_id"], c["bos_token_id"]]] = 0.5
+    w["lm_head.weight"] = lin(vocab, h) * (8.0 * row_gain)
+    return {k: v.to(STORAGE_DTYPE).contiguous() for k, v in w.items()}
+
+
+def main(out_dir: str | None = None) -> Path:
+    out = Path(out_dir) if out_dir else Path(__file__).resolve().parent / "tiny_qwen3_next"
+    return save_model(out, CONFIG, make_weights())
+
+
+if __name__ == "__main__":
+    print(main(sys.argv[1] if len(sys.argv) > 1 else None))
