@@ -48,6 +48,8 @@ def child(variant: str, prompts: int, max_tokens: int) -> dict:
         outs = llm.generate(ps, sp, use_tqdm=False)
     kinds: dict[str, list] = defaultdict(list)
     for step in counter.steps[1:]:
+        if not step.in_layers:  # one bucket per KV-cache group's build; layers run after all
+            continue
         kinds[step.kind].append({"ops": dict(step.in_layers),
                                  "syncs": sum(step.in_layers.get(n, 0) for n in SYNC_OPS)})
     decode_steps = sum(len(v) for k, v in kinds.items() if "prefill" not in k)

@@ -58,6 +58,26 @@ def corrupt(kind: str) -> None:
         raise SystemExit(f"unknown --corrupt {kind}")
 
 
+def observe_steps() -> dict:
+    """Step kinds the GDN builder produced (observation only: wraps, changes nothing)."""
+    from vllm_ascend_ext.attention.gdn import builder
+
+    seen = {"kinds": {}, "guard_steps": 0, "accepted_in_op_steps": 0, "reordered_steps": 0,
+            "max_prefill_len": 0}
+    original = builder.AscendGdnMetadataBuilder.build_from_spans
+
+    def build(self, spans, *args, **kwargs):
+        md = original(self, spans, *args, **kwargs)
+        seen["kinds"][md.kind] = seen["kinds"].get(md.kind, 0) + 1
+        if md.speculative and md.recurrent is not None:
+            seen["accepted_in_op_steps" if md.accepted_in_op else "guard_steps"] += 1
+        seen["reordered_steps"] += md.token_order is not None
+        seen["max_prefill_len"] = max([seen["max_prefill_len"], *spans.pre_lens])
+        return md
+    builder.AscendGdnMetadataBuilder.build_from_spans = build
+    return seen
+
+
 def hf_greedy(path: str, prompt_ids: list[list[int]], max_tokens: int):
     import torch
     from transformers import AutoModelForCausalLM
@@ -88,9 +108,12 @@ def main() -> None:
     p.add_argument("--hf", action="store_true")
     p.add_argument("--corrupt")
     p.add_argument("--count-ops", action="store_true")
+    p.add_argument("--eager", action="store_true")
+    p.add_argument("--mixed-split", default="auto")
     args = p.parse_args()
     if args.corrupt:
         corrupt(args.corrupt)
+    seen = observe_steps()
 
     from vllm import LLM, SamplingParams
 
@@ -102,7 +125,8 @@ def main() -> None:
                                         "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     path = tiny_qwen3_next_path()
     llm = LLM(model=path, dtype=args.dtype, seed=0, max_model_len=512,
-              max_num_batched_tokens=args.budget, max_num_seqs=16, **kwargs)
+              max_num_batched_tokens=args.budget, max_num_seqs=16, enforce_eager=args.eager,
+              additional_config={"ascend_ext": {"mixed_split": args.mixed_split}}, **kwargs)
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     model = runner.model
@@ -129,6 +153,7 @@ def main() -> None:
                    getattr(getattr(b, "stats", None), "split", None)]
                   for g in runner._attn_group_iterator() for b in g.metadata_builders
                   if hasattr(b, "stats")],
+        "gdn_steps": seen,
         "prefix_caching": vconf.cache_config.enable_prefix_caching,
         "mamba_cache_mode": vconf.cache_config.mamba_cache_mode,
         "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],

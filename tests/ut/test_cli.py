@@ -118,6 +118,8 @@ def test_tiny_model_path(capsys):
     assert capsys.readouterr().out.strip() == tiny_dsa_path(quantized=True)
     assert cli.main(["tiny-model-path", "qwen-moe"]) == 0
     assert capsys.readouterr().out.strip().endswith("/models/tiny_qwen_moe")
+    assert cli.main(["tiny-model-path", "qwen3-next"]) == 0
+    assert capsys.readouterr().out.strip().endswith("/models/tiny_qwen3_next")
     with pytest.raises(SystemExit) as info:  # argparse: usage error
         cli.main(["tiny-model-path", "llama"])
     assert info.value.code == 2

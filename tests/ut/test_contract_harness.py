@@ -310,3 +310,65 @@ def test_moe_group_lists_must_be_int64_and_cover_the_rows(contract):
                                                 r".*当前仅支持1和2"):
         npu_moe_init_routing_v2(x, torch.zeros(5, 2, dtype=torch.int32), expert_num=2,
                                 expert_tokens_num_type=0, expert_tokens_num_flag=True)
+
+
+def _gdn_inputs(dtype=torch.bfloat16, dk=128, nk=2, nv=4, lens=(4, 1)):
+    t = sum(lens)
+    q, k = (torch.nn.functional.normalize(torch.randn(t, nk, dk), dim=-1).to(dtype)
+            for _ in range(2))
+    return (q, k, torch.randn(t, nv, dk).to(dtype), torch.rand(t, nv).to(dtype),
+            -torch.rand(t, nv), torch.tensor(lens, dtype=torch.int32))
+
+
+def test_gdn_calls_pass_and_equal_contract_mode_off(contract, monkeypatch):
+    from vllm_ascend_ext.ops.gdn_chunk import npu_chunk_gated_delta_rule
+    from vllm_ascend_ext.ops.gdn_recurrent import npu_recurrent_gated_delta_rule
+
+    h = contract()
+    q, k, v, beta, g, lens = _gdn_inputs()
+    state = torch.randn(8, 4, 128, 128).to(torch.bfloat16)
+    idx = torch.tensor([1, 2, 3, 4, 6], dtype=torch.int32)
+    kw = dict(beta=beta, scale=128 ** -0.5, actual_seq_lengths=lens, ssm_state_indices=idx,
+              num_accepted_tokens=torch.tensor([2, 1], dtype=torch.int32), g=g)
+    s_on, s_off = state.clone(), state.clone()
+    out_on = npu_recurrent_gated_delta_rule(q, k, v, s_on, **kw)
+    init = torch.randn(2, 4, 128, 128).to(torch.bfloat16)
+    chunk_on = npu_chunk_gated_delta_rule(q, k, v, beta=beta, initial_state=init,
+                                          actual_seq_lengths=lens, scale=128 ** -0.5, g=g)
+    assert h.violations == 0, h.summary()
+    assert h.calls["npu_recurrent_gated_delta_rule"] == h.calls["npu_chunk_gated_delta_rule"] == 1
+    monkeypatch.setenv(mode.ENV, "0")
+    assert torch.equal(out_on, npu_recurrent_gated_delta_rule(q, k, v, s_off, **kw))
+    assert torch.equal(s_on, s_off)
+    chunk_off = npu_chunk_gated_delta_rule(q, k, v, beta=beta, initial_state=init,
+                                           actual_seq_lengths=lens, scale=128 ** -0.5, g=g)
+    assert all(torch.equal(a, b) for a, b in zip(chunk_on, chunk_off))
+
+
+def test_gdn_documented_bounds_and_dtypes(contract):
+    from vllm_ascend_ext.ops.gdn_chunk import npu_chunk_gated_delta_rule
+    from vllm_ascend_ext.ops.gdn_recurrent import npu_recurrent_gated_delta_rule
+
+    q, k, v, beta, g, lens = _gdn_inputs(dk=64)  # the chunk kernel takes Dk = Dv = 128 only
+    with pytest.raises(ContractViolation, match=r"Dk=64, Dv=64; documented = 128"):
+        npu_chunk_gated_delta_rule(q, k, v, beta=beta,
+                                   initial_state=torch.zeros(2, 4, 64, 64, dtype=torch.bfloat16),
+                                   actual_seq_lengths=lens, scale=0.125, g=g)
+    # initial_state is documented as required (必选); the official meta fails without it
+    with pytest.raises(ContractViolation, match=r"official Meta kernel rejects the call"):
+        npu_chunk_gated_delta_rule(q, k, v, beta=beta, initial_state=None,
+                                   actual_seq_lengths=lens, scale=0.125, g=g)
+    q, k, v, beta, g, lens = _gdn_inputs(dtype=torch.float32)
+    with pytest.raises(ContractViolation, match=r"argument query: dtype float32 not in bfloat16"):
+        npu_recurrent_gated_delta_rule(
+            q, k, v, torch.zeros(8, 4, 128, 128), beta=beta, scale=0.1, actual_seq_lengths=lens,
+            ssm_state_indices=torch.arange(5, dtype=torch.int32), g=g)
+
+
+def test_gdn_ops_are_documented_for_a2_a3_only(contract):
+    from vllm_ascend_ext.attention.gdn.ops_table import TORCH_NPU_GDN_FAMILIES
+    from vllm_ascend_ext.contract import docs
+
+    for op in ("npu_recurrent_gated_delta_rule", "npu_chunk_gated_delta_rule"):
+        assert set(docs.families(op)) == set(TORCH_NPU_GDN_FAMILIES), op
+    assert set(docs.families("npu_fused_causal_conv1d")) == {"A5"}

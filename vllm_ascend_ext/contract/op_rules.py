@@ -343,7 +343,70 @@ MOE_RULES = (
     Rule(UNPERMUTE, "padded_mode", "padded_mode当前仅支持False", _value_in("padded_mode", False)),
 )
 
-RULES: tuple[Rule, ...] = FIA_RULES + SCATTER_RULES + SFA_RULES + NORM_QUANT_RULES + MOE_RULES
+# --- Gated-DeltaNet ------------------------------------------------------------------------
+
+RGDR, CGDR = "npu_recurrent_gated_delta_rule", "npu_chunk_gated_delta_rule"
+
+
+def _gdn_bound(limit: int, *, exact: int | None = None, heads: bool = True, dims: bool = True):
+    def check(call: Call) -> str | None:
+        q, v = tensor(call, "query"), tensor(call, "value")
+        if q is None or v is None or q.dim() != 3 or v.dim() != 3:
+            return None
+        sizes = {}
+        if heads:
+            sizes.update(Nk=q.shape[1], Nv=v.shape[1])
+        if dims:
+            sizes.update(Dk=q.shape[2], Dv=v.shape[2])
+        bad = [f"{k}={n}" for k, n in sizes.items()
+               if (n != exact if exact is not None else n > limit)]
+        return (f"{', '.join(bad)}; documented {'= ' + str(exact) if exact else '<= ' + str(limit)}"
+                if bad else None)
+    return check
+
+
+def _shape_t(name: str):
+    def check(call: Call) -> str | None:
+        t, q = tensor(call, name), tensor(call, "query")
+        if t is None or q is None or tuple(t.shape) == (q.shape[0],):
+            return None
+        return f"shape {tuple(t.shape)}; documented (T,) = ({q.shape[0]},)"
+    return check
+
+
+def _nv_multiple_of_nk(call: Call) -> str | None:
+    q, v = tensor(call, "query"), tensor(call, "value")
+    if q is None or v is None or q.dim() != 3 or v.dim() != 3 or v.shape[1] % q.shape[1] == 0:
+        return None
+    return f"Nv={v.shape[1]} is not a multiple of Nk={q.shape[1]}"
+
+
+GDN_RULES = (
+    *(Rule(op, name, f"对应公式中的{sym}，数据类型支持bfloat16", dtype_in(name, BF16))
+      for op in (RGDR, CGDR) for name, sym in (("query", "q"), ("key", "k"), ("value", "v"))),
+    Rule(RGDR, "state", "对应公式中的状态矩阵S，数据类型支持bfloat16", dtype_in("state", BF16)),
+    Rule(CGDR, "initial_state", "对应公式中的状态矩阵S，数据类型支持bfloat16",
+         dtype_in("initial_state", BF16)),
+    *(Rule(op, "beta", "对应公式中的β，数据类型支持bfloat16", dtype_in("beta", BF16))
+      for op in (RGDR, CGDR)),
+    *(Rule(op, "g", "数据类型支持float32，数据格式支持ND，shape为（T, Nv）", dtype_in("g", F32))
+      for op in (RGDR, CGDR)),
+    *(Rule(op, "actual_seq_lengths", "各batch的输入序列长度。数据类型支持int32",
+           all_of(dtype_in("actual_seq_lengths", I32), dims_in("actual_seq_lengths", 1)))
+      for op in (RGDR, CGDR)),
+    Rule(RGDR, "ssm_state_indices", "数据类型支持int32，数据格式支持ND，shape为（T,）",
+         all_of(dtype_in("ssm_state_indices", I32), _shape_t("ssm_state_indices"))),
+    Rule(RGDR, "num_accepted_tokens", "投机推理每个batch接受的token数量",
+         dtype_in("num_accepted_tokens", I32)),
+    Rule(RGDR, "query", "$N_k \\le 256$，$N_v \\le 256$，$D_k \\le 256$，$D_v \\le 256$",
+         _gdn_bound(256)),
+    Rule(CGDR, "query", "$N_k \\le 64$，$N_v \\le 64$", _gdn_bound(64, dims=False)),
+    Rule(CGDR, "query", "$D_k = 128$，$D_v = 128$", _gdn_bound(0, exact=128, heads=False)),
+    Rule(CGDR, "value", "$N_v$是$N_k$整数倍", _nv_multiple_of_nk),
+)
+
+RULES: tuple[Rule, ...] = (FIA_RULES + SCATTER_RULES + SFA_RULES + NORM_QUANT_RULES + MOE_RULES
+                           + GDN_RULES)
 # Operators with a yaml schema but no Python Meta kernel in the wheel (their meta lives in
 # torch_npu's C++ library): the harness binds the schema and checks the rules only.
 WITHOUT_PYTHON_META = {"npu_format_cast": "torch_npu registers it in C++ (format casts are "
