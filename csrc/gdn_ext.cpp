@@ -1,6 +1,9 @@
 // Kernels of npu_causal_conv1d_ext and npu_recurrent_gated_delta_rule_ext (see gdn_ext.h).
 // Preconditions the plugin's builder guarantees and the Python references check: every
-// request row has >= 1 token and its own state slot (rows never share a slot).
+// request row has >= 1 token and its own state slot (rows never share a slot), and
+// 1 <= num_accepted_tokens <= its row's length for the recurrence. The kernels cannot
+// check them without reading tensor data on the host: they clamp indices instead, so a
+// broken precondition reads or writes a neighbouring slot rather than faulting.
 #include "gdn_ext.h"
 
 #include <c10/util/Exception.h>

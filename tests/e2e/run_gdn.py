@@ -63,7 +63,7 @@ def observe_steps() -> dict:
     from vllm_ascend_ext.attention.gdn import builder
 
     seen = {"kinds": {}, "guard_steps": 0, "accepted_in_op_steps": 0, "reordered_steps": 0,
-            "max_prefill_len": 0}
+            "max_prefill_len": 0, "continued_prefill_rows": 0}
     original = builder.AscendGdnMetadataBuilder.build_from_spans
 
     def build(self, spans, *args, **kwargs):
@@ -73,6 +73,7 @@ def observe_steps() -> dict:
             seen["accepted_in_op_steps" if md.accepted_in_op else "guard_steps"] += 1
         seen["reordered_steps"] += md.token_order is not None
         seen["max_prefill_len"] = max([seen["max_prefill_len"], *spans.pre_lens])
+        seen["continued_prefill_rows"] += sum(spans.pre_has_state)
         return md
     builder.AscendGdnMetadataBuilder.build_from_spans = build
     return seen

@@ -55,7 +55,7 @@ def test_speculative_decoding_with_chunked_prefill_matches_plain(plain, spec):
     seen = spec["gdn_steps"]
     assert any("spec" in k for k in seen["kinds"]), seen
     assert seen["guard_steps"] > 0 and seen["accepted_in_op_steps"] > 0, seen
-    assert seen["max_prefill_len"] <= 16  # prompts arrived in chunks
+    assert seen["continued_prefill_rows"] > 0  # prompts arrived in chunks
     assert spec["tokens"] == plain["tokens"]
     assert _max_logprob_gap(spec["logprobs"], plain["logprobs"]) < LOGPROB_TOL_SPEC
 

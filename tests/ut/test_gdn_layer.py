@@ -99,12 +99,13 @@ def run_step(b, query, computed, table, drafts, accepted, conv, ssm, x, bb, aa, 
                        num_decode_draft_tokens_cpu=(None if drafts is None
                                                     else torch.tensor(drafts)))
     out = torch.zeros(x.shape[0], NV, DV, dtype=x.dtype, device=device)
-    gdn_core(spans_md, gdn_ops_for(family), DIMS, weights(x.dtype, device), conv, ssm, x, bb,
+    ops = gdn_ops_for("A3", num_spec=8) if family == "A3-spec8" else gdn_ops_for(family)
+    gdn_core(spans_md, ops, DIMS, weights(x.dtype, device), conv, ssm, x, bb,
              aa, out)
     return spans_md, out
 
 
-@pytest.mark.parametrize("family", ["A2", "A5"])
+@pytest.mark.parametrize("family", ["A2", "A5", "A3-spec8"])
 @pytest.mark.parametrize("case", ["plain", "mixed", "spec_full", "spec_ragged", "spec_mixed"])
 def test_builder_and_core_run_on_meta_tensors(family, case):
     """Meta tensors carry no data: any host read of device values would raise here."""
@@ -170,7 +171,7 @@ class Explicit:
         self.hist[req], self.state[req] = [t.clone() for t in snap[0]], snap[1].clone()
 
 
-@pytest.mark.parametrize("family", ["A2", "A5"])
+@pytest.mark.parametrize("family", ["A2", "A5", "A3-spec8"])
 def test_core_matches_explicit_model_over_plain_and_speculative_steps(family):
     """Three requests: chunked prefill (continuing a state), then verify steps with ragged
     drafts and random acceptance, including a row shorter than its previous accepted
@@ -251,3 +252,74 @@ def test_guard_leaves_a_no_draft_request_exactly_the_plain_decode_state():
     run_step(builder(0), [1], [9], [[1]], None, None, conv_p, ssm_p, x[:1], bb[:1], aa[:1], "A2")
     assert torch.equal(ssm_s[1], ssm_p[1])
     assert torch.equal(conv_s[1, :K - 1], conv_p[1, :K - 1])
+
+
+def test_guard_moves_the_accepted_state_into_column_0():
+    """Two drafts accepted (accepted = 3): after the guard, column 0 holds bitwise the
+    state a plain engine has after decoding x0, d1, d2 one by one."""
+    torch.manual_seed(4)
+    from vllm_ascend_ext.attention.gdn.core import apply_accepted_guard
+
+    conv0 = torch.randn(8, CONV_DIM, K - 1 + 3).transpose(1, 2)
+    ssm0 = torch.randn(8, NV, DV, DK)
+    x, bb, aa = (torch.randn(4, CONV_DIM), torch.randn(4, NV), torch.randn(4, NV))
+    ssm_s = ssm0.clone()
+    run_step(builder(3), [4], [9], [[1, 2, 3, 4]], [3], [1], conv0.clone(), ssm_s, x, bb, aa,
+             "A2")
+    before = ssm_s[3].clone()
+    apply_accepted_guard(ssm_s, torch.tensor([[1, 2, 3, 4]]), torch.tensor([3]))
+    assert torch.equal(ssm_s[1], before)
+    conv_p, ssm_p = conv0[:, :K - 1].clone(), ssm0.clone()
+    for t in range(3):
+        run_step(builder(0), [1], [9 + t], [[1]], None, None, conv_p, ssm_p, x[t:t + 1],
+                 bb[t:t + 1], aa[t:t + 1], "A2")
+    torch.testing.assert_close(ssm_s[1], ssm_p[1], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["A2", "A5"])
+def test_a_short_prompt_chunk_reordered_among_verify_rows(family):
+    """vLLM puts short rows first: [verify(4), first chunk (2 tokens), verify(3)] is
+    gathered into its spans and scattered back; outputs match the explicit model."""
+    torch.manual_seed(5)
+    dtype = torch.float64
+    b = builder(3)
+    ref = Explicit(weights(dtype, "cpu"))
+    table = [[1 + 4 * i + j for j in range(4)] for i in range(3)]
+    conv = torch.zeros(16, CONV_DIM, K - 1 + 3, dtype=dtype).transpose(1, 2)
+    ssm = torch.randn(16, NV, DV, DK, dtype=dtype)
+    # requests 0 and 2 have a state (a first prefill), request 1 starts now
+    x0, b0, a0 = (torch.randn(6, CONV_DIM, dtype=dtype), torch.randn(6, NV, dtype=dtype),
+                  torch.randn(6, NV, dtype=dtype))
+    run_step(b, [3, 3], [0, 0], [table[0], table[2]], [-1, -1], [1, 1], conv, ssm, x0, b0, a0,
+             family)
+    for t in range(3):
+        ref.token(0, x0[t], b0[t], a0[t])
+        ref.token(2, x0[3 + t], b0[3 + t], a0[3 + t])
+    x, bb, aa = (torch.randn(9, CONV_DIM, dtype=dtype), torch.randn(9, NV, dtype=dtype),
+                 torch.randn(9, NV, dtype=dtype))
+    md, out = run_step(b, [4, 2, 3], [3, 0, 3], table, [3, -1, 2], [1, 1, 1], conv, ssm, x, bb,
+                       aa, family)
+    assert md.token_order is not None
+    want = ([ref.token(0, x[t], bb[t], aa[t]) for t in range(4)]
+            + [ref.token(1, x[t], bb[t], aa[t]) for t in range(4, 6)]
+            + [ref.token(2, x[t], bb[t], aa[t]) for t in range(6, 9)])
+    torch.testing.assert_close(out, torch.stack(want).to(out.dtype), rtol=1e-9, atol=1e-9)
+
+
+# --- the op table ---------------------------------------------------------------------------
+
+def test_op_table_follows_the_documentation():
+    from vllm_ascend_ext.attention.gdn import ops_table as t
+
+    a2 = t.gdn_ops_for("A2", num_spec=3, state_dtype="bfloat16")
+    assert (a2.decode, a2.prefill, a2.conv, a2.why) == (t.RECURRENT, t.CHUNK, t.OWN_CONV, "")
+    assert t.gdn_ops_for("A3").torch_npu_recurrence
+    a5 = t.gdn_ops_for("A5")
+    assert a5.decode == a5.prefill == t.OWN_RECURRENT and "A5" in a5.why
+    # fp32 states (Qwen3.5's mamba_ssm_dtype) where the documented bf16 binds: own ops
+    f32 = t.gdn_ops_for("A2", state_dtype="float32")
+    assert not f32.torch_npu_recurrence and "bfloat16" in f32.why
+    # verify rows longer than the op's 8 tokens: own recurrence for decode, chunk op stays
+    long = t.gdn_ops_for("A3", num_spec=8)
+    assert long.decode == t.OWN_RECURRENT and long.prefill == t.CHUNK and "8 tokens" in long.why
+    assert t.gdn_ops_for("A3", num_spec=7).decode == t.RECURRENT

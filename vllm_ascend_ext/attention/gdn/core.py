@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_ascend_ext.attention.gdn.metadata import GdnMetadata, GdnSpan
-from vllm_ascend_ext.attention.gdn.ops_table import GdnOps
+from vllm_ascend_ext.attention.gdn.ops_table import CHUNK, GdnOps
 from vllm_ascend_ext.ops.causal_conv1d import npu_causal_conv1d_ext
 from vllm_ascend_ext.ops.gdn_chunk import npu_chunk_gated_delta_rule
 from vllm_ascend_ext.ops.gdn_ext import npu_recurrent_gated_delta_rule_ext
@@ -97,7 +97,7 @@ def _prefill(span: GdnSpan, ops: GdnOps, x, g, beta, w: GdnWeights, conv_state, 
     y = npu_causal_conv1d_ext(x, w.conv_weight, conv_state, span.query_start_loc, span.slots,
                               span.has_initial_state, bias=w.conv_bias, silu=w.silu)
     q, k, v = _qkv(y, dims)
-    if ops.torch_npu_recurrence:
+    if ops.prefill == CHUNK:
         slots = span.slots.long()
         start = ssm_state.index_select(0, slots)
         start = torch.where(span.has_initial_state.view(-1, 1, 1, 1), start,

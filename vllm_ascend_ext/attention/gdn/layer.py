@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from vllm.logger import init_logger
 from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
     QwenGatedDeltaNetAttention,
@@ -23,6 +24,7 @@ from vllm_ascend_ext.attention.gdn.backend import AscendGdnBackend
 from vllm_ascend_ext.attention.gdn.core import GdnDims, GdnWeights, gdn_core
 from vllm_ascend_ext.attention.gdn.ops_table import GdnOps, gdn_ops_for
 
+logger = init_logger("vllm.ascend_ext")
 OP_NAMESPACE = "ascend_ext"
 LAYER_NAME = "QwenGatedDeltaNetAttention"
 
@@ -32,6 +34,18 @@ def _current_family() -> str:
 
     soc = getattr(current_platform, "soc", None)
     return soc().family if soc is not None else "A2"
+
+
+def _binding_state_dtype(state_dtype: torch.dtype) -> str | None:
+    """The state dtype where the kernels' documented dtypes bind: on an NPU or in
+    contract mode; None in plain emulation."""
+    from vllm.platforms import current_platform
+
+    from vllm_ascend_ext.contract import mode as contract_mode
+
+    if current_platform.device_type == "npu" or contract_mode.enabled():
+        return str(state_dtype).removeprefix("torch.")
+    return None
 
 
 def conv_state_view(conv: torch.Tensor) -> torch.Tensor:
@@ -79,7 +93,12 @@ class AscendGatedDeltaNet(QwenGatedDeltaNetAttention):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._forward_method = self.forward_ascend
-        self.gdn_ops: GdnOps = gdn_ops_for(_current_family())
+        self.gdn_ops: GdnOps = gdn_ops_for(
+            _current_family(), num_spec=self.num_spec,
+            state_dtype=_binding_state_dtype(self.get_state_dtype()[1]))
+        if self.gdn_ops.why:
+            logger.info_once("ascend_ext: GDN layers use the plugin's own ops (%s): %s",
+                             self.gdn_ops.decode, self.gdn_ops.why)
         self.gdn_dims = GdnDims(num_k_heads=self.num_k_heads // self.tp_size,
                                 num_v_heads=self.num_v_heads // self.tp_size,
                                 head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim)

@@ -18,6 +18,8 @@ OWN_RECURRENT = "_C_ascend_ext.npu_recurrent_gated_delta_rule_ext"
 OWN_CONV = "_C_ascend_ext.npu_causal_conv1d_ext"
 GATES = "composite (ATen): g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)"
 TORCH_NPU_GDN_FAMILIES = ("A2", "A3")
+TORCH_NPU_MAX_TOKENS = 8          # npu_recurrent_gated_delta_rule: "L_i <= 8"
+TORCH_NPU_STATE_DTYPE = "bfloat16"  # "state ... 数据类型支持bfloat16"
 
 
 @dataclass(frozen=True)
@@ -27,12 +29,25 @@ class GdnOps:
     prefill: str
     gates: str = GATES
 
+    why: str = ""
+
     @property
     def torch_npu_recurrence(self) -> bool:
         return self.decode == RECURRENT
 
 
-def gdn_ops_for(family: str) -> GdnOps:
-    if family in TORCH_NPU_GDN_FAMILIES:
-        return GdnOps(conv=OWN_CONV, decode=RECURRENT, prefill=CHUNK)
-    return GdnOps(conv=OWN_CONV, decode=OWN_RECURRENT, prefill=OWN_RECURRENT)
+def gdn_ops_for(family: str, *, num_spec: int = 0, state_dtype: str | None = None) -> GdnOps:
+    """``state_dtype``: the recurrent state's dtype where the kernels' documented dtypes
+    bind (an NPU, or contract mode); None in plain emulation, whose references also take
+    fp32 states (as the FIA references take fp32 models)."""
+    own = GdnOps(conv=OWN_CONV, decode=OWN_RECURRENT, prefill=OWN_RECURRENT)
+    if family not in TORCH_NPU_GDN_FAMILIES:
+        return GdnOps(**{**vars(own), "why": f"torch_npu documents no GDN op for {family}"})
+    if state_dtype is not None and state_dtype != TORCH_NPU_STATE_DTYPE:
+        return GdnOps(**{**vars(own), "why": f"{state_dtype} recurrent state (mamba_ssm_cache_"
+                                              f"dtype); torch_npu's GDN ops take bfloat16"})
+    if num_spec + 1 > TORCH_NPU_MAX_TOKENS:
+        return GdnOps(conv=OWN_CONV, decode=OWN_RECURRENT, prefill=CHUNK,
+                      why=f"{num_spec} speculative tokens: verify rows exceed "
+                          f"npu_recurrent_gated_delta_rule's {TORCH_NPU_MAX_TOKENS} tokens")
+    return GdnOps(conv=OWN_CONV, decode=RECURRENT, prefill=CHUNK)
