@@ -24,6 +24,11 @@ def test_reports_the_npu_platform_facts_and_is_healthy_for_emulation(monkeypatch
     assert graphs["fia_models"]["mode"] == "FULL_DECODE_ONLY"
     assert "updated per replay" in graphs["fia_models"]["why"]
     assert graphs["sfa_models"]["mode"] == "NONE" and graphs["builders"]["sfa"] == "NEVER"
+    assert graphs["hybrid_models"]["mode"] == "NONE" and "Gated-DeltaNet" in graphs["hybrid_models"]["why"]
+    gdn = platform["gdn"]
+    assert gdn["A2"]["decode"] == "npu_recurrent_gated_delta_rule"
+    assert gdn["A2"]["prefill"] == "npu_chunk_gated_delta_rule"
+    assert gdn["A5"]["decode"] == "_C_ascend_ext.npu_recurrent_gated_delta_rule_ext"
     assert data["stack"]["torch"].startswith("2.13")
     assert data["extension"]["built"] is (data["extension"]["ops"] != [])
     assert data["contract_oracle"]["version"] == "2.13.0"

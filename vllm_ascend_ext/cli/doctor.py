@@ -81,6 +81,8 @@ def _npu_platform() -> dict:
     default = CUDAGraphMode.FULL_AND_PIECEWISE  # vLLM's default before the platform hook
     dense, dense_why = decide_graph_mode(default, enforce_eager=False, sparse=False)
     sparse, sparse_why = decide_graph_mode(default, enforce_eager=False, sparse=True)
+    hybrid, hybrid_why = decide_graph_mode(default, enforce_eager=False, sparse=False,
+                                           hybrid=True)
 
     return {
         "class": f"{AscendNPUPlatform.__module__}.{AscendNPUPlatform.__qualname__}",
@@ -90,6 +92,7 @@ def _npu_platform() -> dict:
         "graph_mode": {
             "fia_models": {"mode": dense.name, "why": dense_why},
             "sfa_models": {"mode": sparse.name, "why": sparse_why},
+            "hybrid_models": {"mode": hybrid.name, "why": hybrid_why},
             "builders": {"fia": fia, "sfa": sfa},
             "wrapper": AscendNPUPlatform.get_static_graph_wrapper_cls(),
             "validated": "not on an NPU yet (graph-task update tested against a stand-in)",
@@ -104,7 +107,20 @@ def _npu_platform() -> dict:
             "replaces": "vLLM's UnquantizedFusedMoEMethod while the platform is active",
             "expert_parallel": "refused (no all-to-all communicator yet)",
         },
+        "gdn": _gdn_ops(),
     }
+
+
+def _gdn_ops() -> dict:
+    """The Gated-DeltaNet layers' operators per SoC family (bf16 states, <= 7 drafts)."""
+    from vllm_ascend_ext.attention.gdn.ops_table import gdn_ops_for
+
+    out = {"layer": "vllm_ascend_ext.attention.gdn.layer.AscendGatedDeltaNet",
+           "prefix_caching": "off for hybrid models (no align-mode state checkpoints yet)"}
+    for family in ("A2", "A3", "A5"):
+        ops = gdn_ops_for(family, state_dtype="bfloat16")
+        out[family] = {"decode": ops.decode, "prefill": ops.prefill, "conv": ops.conv}
+    return out
 
 
 def _smoke(requested: bool, problems: list[str]) -> dict:

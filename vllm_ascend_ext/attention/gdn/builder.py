@@ -11,6 +11,7 @@ through device-side gathers (block table rows, accepted counts): no ``.item()``,
 from __future__ import annotations
 
 import torch
+from vllm.v1.attention.backend import AttentionCGSupport
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
 from vllm.v1.attention.backends.utils import mamba_get_block_table_tensor
 
@@ -59,6 +60,9 @@ def _span(rows: tuple[int, ...], lens: tuple[int, ...], has_state: tuple[bool, .
 
 
 class AscendGdnMetadataBuilder(GDNAttentionMetadataBuilder):
+    # Hybrid models run eager on the NPU platform (platform/graph_mode.py).
+    _cudagraph_support = AttentionCGSupport.NEVER
+
     def build(self, common_prefix_len, common_attn_metadata, num_accepted_tokens=None,
               num_decode_draft_tokens_cpu=None, fast_build: bool = False) -> GdnMetadata:
         cam = common_attn_metadata
