@@ -1,6 +1,6 @@
 """A tiny hybrid Qwen3-Next (3 Gated-DeltaNet layers + 1 full-attention layer, bf16,
 dummy weights) under emulation, with ``mixed_split`` "on": prints which builders
-served which layers, how many mixed steps the full-attention builder split, and which
+served which layers (the plugin's GDN builder for the linear-attention layers, in bf16), how many mixed steps the full-attention builder split, and which
 MoE method served its (4-expert, softmax top-2, shared-expert) MoE layers.
 
 Dummy weights are enough here: this checks routing (the full-attention layer of a

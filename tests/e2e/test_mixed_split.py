@@ -58,6 +58,9 @@ def test_full_attention_layers_of_a_hybrid_model_reach_the_split():
     others = [b for b in res["builders"] if b["builder"] != "AscendFIAMetadataBuilder"]
     assert len(ours) == 1 and ours[0]["layers"] == ["model.layers.3.self_attn.attn"]
     assert ours[0]["mixed"] > 0 and ours[0]["split"] == ours[0]["mixed"]
-    assert others and all("GDN" in b["builder"] for b in others)  # vLLM's own GDN backend
+    # the three linear-attention layers (bf16 here) on the plugin's own GDN builder
+    assert sorted(la for b in others for la in b["layers"]) == [
+        f"model.layers.{i}.linear_attn" for i in range(3)]
+    assert all(b["builder"] == "AscendGdnMetadataBuilder" for b in others)
     # Every layer's MoE runs through the plugin's MoE method (softmax top-k routing).
     assert res["moe_methods"] == ["AscendFusedMoEMethod"] and res["moe_layers"] == 4
