@@ -134,6 +134,17 @@ def _check_slots(state, before, slots, after, tol):
 
 
 # ------------------------------------------------------- 1. the torch_npu recurrent op
+def _draw_case(seed, lens, nk, rep, dk, dv, dtype, with_g, use_accepted, data):
+    """Inputs, distinct slots (3 spare) and accepted counts for one hypothesis example."""
+    gen = torch.Generator().manual_seed(seed)
+    t, nv = sum(lens), nk * rep
+    inp = gdn_inputs(gen, t, nk, nv, dk, dv, dtype, with_g)
+    n_slots = t + 3
+    slots = torch.randperm(n_slots, generator=gen)[:t].tolist()
+    accepted = [data.draw(st.integers(1, n)) for n in lens] if use_accepted else None
+    return gen, t, nv, inp, n_slots, slots, accepted
+
+
 @SETTINGS
 @given(lens=st.lists(st.integers(1, 8), min_size=1, max_size=4), nk=st.sampled_from([1, 2]),
        rep=st.sampled_from([1, 2]), dk=st.integers(4, 8), dv=st.integers(4, 8),
@@ -141,12 +152,8 @@ def _check_slots(state, before, slots, after, tol):
        use_accepted=st.booleans(), seed=st.integers(0, 2**16), data=st.data())
 def test_recurrent_op_matches_explicit_loop(lens, nk, rep, dk, dv, dtype, with_g, use_accepted,
                                             seed, data):
-    gen = torch.Generator().manual_seed(seed)
-    t, nv = sum(lens), nk * rep
-    inp = gdn_inputs(gen, t, nk, nv, dk, dv, dtype, with_g)
-    n_slots = t + 3
-    slots = torch.randperm(n_slots, generator=gen)[:t].tolist()
-    accepted = [data.draw(st.integers(1, n)) for n in lens] if use_accepted else None
+    gen, t, nv, inp, n_slots, slots, accepted = _draw_case(seed, lens, nk, rep, dk, dv, dtype,
+                                                           with_g, use_accepted, data)
     state = torch.randn(n_slots, nv, dv, dk, generator=gen, dtype=torch.float64).to(dtype)
     before = state.clone()
     init = [before[slots[s + (accepted[b] if accepted else 1) - 1]]
@@ -342,12 +349,8 @@ def test_verify_slots_hold_what_plain_decodes_of_the_accepted_prefix_leave(impl)
        extra=st.integers(0, 3), seed=st.integers(0, 2**16), data=st.data())
 def test_ext_kernel_equals_reference(lens, nk, rep, dk, dv, dtype, with_g, use_accepted,
                                      init_mode, extra, seed, data):
-    gen = torch.Generator().manual_seed(seed)
-    t, nv = sum(lens), nk * rep
-    inp = gdn_inputs(gen, t, nk, nv, dk, dv, dtype, with_g)
-    n_slots = t + 3
-    slots = torch.randperm(n_slots, generator=gen)[:t].tolist()
-    accepted = [data.draw(st.integers(1, n)) for n in lens] if use_accepted else None
+    gen, t, nv, inp, n_slots, slots, accepted = _draw_case(seed, lens, nk, rep, dk, dv, dtype,
+                                                           with_g, use_accepted, data)
     has_init = (None if init_mode == "none" else
                 torch.tensor([True] * len(lens) if init_mode == "all"
                              else data.draw(st.lists(st.booleans(), min_size=len(lens),

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from vllm_ascend_ext.models.make_tiny_qwen3 import save_model
+from vllm_ascend_ext.models.make_tiny_qwen_moe import moe_layer_weights
 
 CONFIG = {
     "architectures": ["Qwen3NextForCausalLM"],
@@ -83,7 +84,6 @@ def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
     nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv, kern = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
     key_dim, value_dim = nk * dk, nv * dv
-    moe_i, shared_i = c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
 
     def lin(out_f: int, in_f: int) -> torch.Tensor:
         return torch.randn(out_f, in_f, generator=g) / in_f**0.5
@@ -119,16 +119,7 @@ def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
             w[q + "o_proj.weight"] = lin(h, nq * hd) * 2.0  # makes up for the sigmoid gate
             w[q + "q_norm.weight"] = offset(hd, 0.6, 0.2)
             w[q + "k_norm.weight"] = offset(hd, 0.6, 0.2)
-        w[p + "mlp.gate.weight"] = lin(c["num_experts"], h) * 3.0
-        for e in range(c["num_experts"]):
-            q = p + f"mlp.experts.{e}."
-            w[q + "gate_proj.weight"] = lin(moe_i, h)
-            w[q + "up_proj.weight"] = lin(moe_i, h)
-            w[q + "down_proj.weight"] = lin(h, moe_i) * 2.0
-        w[p + "mlp.shared_expert.gate_proj.weight"] = lin(shared_i, h)
-        w[p + "mlp.shared_expert.up_proj.weight"] = lin(shared_i, h)
-        w[p + "mlp.shared_expert.down_proj.weight"] = lin(h, shared_i)
-        w[p + "mlp.shared_expert_gate.weight"] = lin(1, h)
+        w.update(moe_layer_weights(p, c, lin))
     w["model.norm.weight"] = offset(h)
     # Logits spread over ~9 units, with token-dependent row norms (as in trained LMs: a heavier
     # top tail), so the top-1/top-2 margin of a greedy step is > 0.5 in ~90% of steps. The

@@ -46,13 +46,30 @@ CONFIG = {
 }
 
 
+def moe_layer_weights(p: str, c: dict, lin) -> dict[str, torch.Tensor]:
+    """One Qwen MoE block (router, experts, gated shared expert) under prefix ``p``;
+    ``lin(out, in)`` draws a projection. Shared with the tiny Qwen3-Next generator."""
+    h, moe_i, shared_i = (c["hidden_size"], c["moe_intermediate_size"],
+                          c["shared_expert_intermediate_size"])
+    w = {p + "mlp.gate.weight": lin(c["num_experts"], h) * 3.0}
+    for e in range(c["num_experts"]):
+        q = p + f"mlp.experts.{e}."
+        w[q + "gate_proj.weight"] = lin(moe_i, h)
+        w[q + "up_proj.weight"] = lin(moe_i, h)
+        w[q + "down_proj.weight"] = lin(h, moe_i) * 2.0
+    w[p + "mlp.shared_expert.gate_proj.weight"] = lin(shared_i, h)
+    w[p + "mlp.shared_expert.up_proj.weight"] = lin(shared_i, h)
+    w[p + "mlp.shared_expert.down_proj.weight"] = lin(h, shared_i)
+    w[p + "mlp.shared_expert_gate.weight"] = lin(1, h)
+    return w
+
+
 def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     c = CONFIG
     h, vocab = c["hidden_size"], c["vocab_size"]
     hd = h // c["num_attention_heads"]
     nq, nkv = c["num_attention_heads"], c["num_key_value_heads"]
-    moe_i, shared_i = c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
 
     def lin(out_f: int, in_f: int) -> torch.Tensor:
         return torch.randn(out_f, in_f, generator=g) / in_f**0.5
@@ -69,16 +86,7 @@ def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
             w[p + f"self_attn.{name}_proj.weight"] = lin(rows, h) * (2.0 if name != "v" else 1.0)
             w[p + f"self_attn.{name}_proj.bias"] = 0.1 * torch.randn(rows, generator=g)
         w[p + "self_attn.o_proj.weight"] = lin(h, nq * hd)
-        w[p + "mlp.gate.weight"] = lin(c["num_experts"], h) * 3.0
-        for e in range(c["num_experts"]):
-            q = p + f"mlp.experts.{e}."
-            w[q + "gate_proj.weight"] = lin(moe_i, h)
-            w[q + "up_proj.weight"] = lin(moe_i, h)
-            w[q + "down_proj.weight"] = lin(h, moe_i) * 2.0
-        w[p + "mlp.shared_expert.gate_proj.weight"] = lin(shared_i, h)
-        w[p + "mlp.shared_expert.up_proj.weight"] = lin(shared_i, h)
-        w[p + "mlp.shared_expert.down_proj.weight"] = lin(h, shared_i)
-        w[p + "mlp.shared_expert_gate.weight"] = lin(1, h)
+        w.update(moe_layer_weights(p, c, lin))
     w["model.norm.weight"] = gain(h)
     w["lm_head.weight"] = lin(vocab, h) * 4.0
     return {k: v.contiguous() for k, v in w.items()}
