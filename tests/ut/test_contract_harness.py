@@ -372,3 +372,42 @@ def test_gdn_ops_are_documented_for_a2_a3_only(contract):
     for op in ("npu_recurrent_gated_delta_rule", "npu_chunk_gated_delta_rule"):
         assert set(docs.families(op)) == set(TORCH_NPU_GDN_FAMILIES), op
     assert set(docs.families("npu_fused_causal_conv1d")) == {"A5"}
+
+
+@pytest.mark.parametrize("drafts,accepted", [(None, None), ([3, 1], [2, 1])])
+def test_gdn_layer_core_calls_pass_the_contract_on_strided_hybrid_state(contract, drafts,
+                                                                        accepted):
+    """vLLM's hybrid pages make the recurrent state a strided view; the layer core stages
+    it for the in-place recurrent kernel (contiguous only) and passes the contract with
+    bf16 128-wide heads: a prefill step, then a plain decode or a ragged verify step."""
+    from tests.ut.test_gdn_layer import builder, cam
+    from vllm_ascend_ext.attention.gdn.core import GdnDims, GdnWeights, gdn_core
+    from vllm_ascend_ext.attention.gdn.ops_table import gdn_ops_for
+
+    h = contract()
+    bf, nk, nv, d, k = torch.bfloat16, 2, 4, 128, 4
+    dims, dim = GdnDims(nk, nv, d, d), 2 * nk * d + nv * d
+    num_spec = 0 if drafts is None else 3
+    w = GdnWeights(conv_weight=(torch.randn(k, dim) / 2).to(bf), conv_bias=None,
+                   a_log=torch.rand(nv) - 1, dt_bias=torch.rand(nv), silu=True)
+    page = nv * d * d + 1000  # each block: conv state, then the recurrent state
+    ssm = torch.zeros(12, page, dtype=bf)[:, 1000:].view(12, nv, d, d)
+    conv = torch.zeros(12, dim, k - 1 + num_spec, dtype=bf).transpose(1, 2)
+    table = [[1 + 4 * i + j for j in range(num_spec + 1)] for i in range(2)]
+    b = builder(num_spec)
+    for query, computed, dr, acc in (([5, 3], [0, 0], None if drafts is None else [-1, -1],
+                                      None if drafts is None else [1, 1]),
+                                     ([1, 1] if drafts is None else [4, 2], [5, 3], drafts,
+                                      accepted)):
+        md = b.build(0, cam(query, computed, table, "cpu"),
+                     num_accepted_tokens=None if acc is None else torch.tensor(acc, dtype=torch.int32),
+                     num_decode_draft_tokens_cpu=None if dr is None else torch.tensor(dr))
+        n = sum(query)
+        x, bb, aa = (torch.randn(n, dim).to(bf), torch.randn(n, nv).to(bf),
+                     torch.randn(n, nv).to(bf))
+        gdn_core(md, gdn_ops_for("A2"), dims, w, conv, ssm, x, bb, aa,
+                 torch.zeros(n, nv, d, dtype=bf))
+    assert h.violations == 0, h.summary()
+    assert h.calls["npu_chunk_gated_delta_rule"] == 1
+    assert h.calls["npu_recurrent_gated_delta_rule"] == 1
+    assert not ssm.is_contiguous() and ssm[[1, 5]].abs().sum() > 0

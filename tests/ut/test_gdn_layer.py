@@ -184,7 +184,9 @@ def test_core_matches_explicit_model_over_plain_and_speculative_steps(family):
     ref = Explicit(w)
     table = [[1 + 4 * i + j for j in range(num_spec + 1)] for i in range(3)]
     conv = torch.randn(16, CONV_DIM, K - 1 + num_spec, dtype=dtype).transpose(1, 2)
-    ssm = torch.randn(16, NV, DV, DK, dtype=dtype)  # garbage: first chunks must not read it
+    # garbage (first chunks must not read it), strided like vLLM's hybrid pages
+    ssm = torch.randn(16, NV * DV * DK + 7, dtype=dtype)[:, 7:].view(16, NV, DV, DK)
+    assert not ssm.is_contiguous()
     computed = [0, 0, 0]
 
     def inputs(n):

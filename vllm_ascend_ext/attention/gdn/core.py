@@ -83,9 +83,22 @@ def _recurrent(span: GdnSpan, md: GdnMetadata, ops: GdnOps, x, g, beta, w: GdnWe
         apply_accepted_guard(ssm_state, md.spec_slot_table, md.num_accepted_tokens)
         accepted = None
     if ops.torch_npu_recurrence:
-        return npu_recurrent_gated_delta_rule(
-            q, k, v, ssm_state, beta=beta, scale=scale, actual_seq_lengths=span.lengths,
-            ssm_state_indices=span.token_slots, num_accepted_tokens=accepted, g=g)
+        if ssm_state.is_contiguous():
+            return npu_recurrent_gated_delta_rule(
+                q, k, v, ssm_state, beta=beta, scale=scale, actual_seq_lengths=span.lengths,
+                ssm_state_indices=span.token_slots, num_accepted_tokens=accepted, g=g)
+        # vLLM's hybrid pages interleave each block's conv and recurrent state, so the
+        # recurrent states are a strided view; the kernel updates its state in place and
+        # takes contiguous memory only. Stage the span's slots (one per token), run on
+        # positions, write them back.
+        slots = span.token_slots.long()
+        staged = ssm_state.index_select(0, slots)
+        positions = torch.arange(span.num_tokens, dtype=torch.int32, device=slots.device)
+        out = npu_recurrent_gated_delta_rule(
+            q, k, v, staged, beta=beta, scale=scale, actual_seq_lengths=span.lengths,
+            ssm_state_indices=positions, num_accepted_tokens=accepted, g=g)
+        ssm_state.index_copy_(0, slots, staged)
+        return out
     return npu_recurrent_gated_delta_rule_ext(
         q, k, v, ssm_state, beta=beta, scale=scale, actual_seq_lengths=span.lengths,
         ssm_state_indices=span.token_slots, num_accepted_tokens=accepted, g=g,
