@@ -33,6 +33,7 @@ import torch
 from vllm_ascend_ext.ops import _ext
 from vllm_ascend_ext.ops._dispatch import pick
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.gdn_recurrent import work_dtype
 
 OP = "npu_causal_conv1d_ext"
 
@@ -60,7 +61,7 @@ def causal_conv1d_reference(x, weight, conv_states, query_start_loc, cache_indic
                             silu=True, pad_slot_id=-1):
     _check(x, weight, conv_states, query_start_loc, cache_indices, has_initial_state,
            num_accepted_tokens)
-    w = torch.float64 if x.dtype == torch.float64 else torch.float32
+    w = work_dtype(x)
     k, state_len = weight.shape[0], conv_states.shape[1]
     qsl = [int(v) for v in query_start_loc.tolist()]
     slots = [int(v) for v in cache_indices.tolist()]

@@ -14,23 +14,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vllm_ascend_ext.ops.gdn_recurrent import work_dtype
+
 L2NORM_EPS = 1e-6
 SOFTPLUS_THRESHOLD = 20.0
 
 
-def _work(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
               dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    w = _work(a)
+    w = work_dtype(a)
     g = -torch.exp(a_log.to(w)) * F.softplus(a.to(w) + dt_bias.to(w),
                                               threshold=SOFTPLUS_THRESHOLD)
     return g, torch.sigmoid(b.to(w)).to(b.dtype)
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
-    w = _work(x)
+    w = work_dtype(x)
     xw = x.to(w)
     return (xw * torch.rsqrt((xw * xw).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
