@@ -9,6 +9,7 @@ build time) the install says so and the plugin runs on its Python references.
 """
 
 import os
+import platform
 import shutil
 import sys
 
@@ -16,7 +17,19 @@ from setuptools import find_packages, setup
 
 EXT_NAME = "vllm_ascend_ext._C_ascend_ext"
 SOURCES = ["csrc/module.cpp", "csrc/registration.cpp", "csrc/mla_prolog_v3_k3.cpp",
-           "csrc/gdn_ext.cpp"]
+           "csrc/gdn_ext.cpp", "csrc/emu_attention.cpp", "csrc/emu_attention_default.cpp"]
+# The emulation kernels' vector paths: one source compiled per CPU capability (as ATen
+# does), the AVX2 + FMA one only on x86-64 and chosen at run time by CPUID.
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+AVX2_SOURCE = "csrc/emu_attention_avx2.cpp"
+PER_SOURCE_FLAGS = {
+    "emu_attention_default.cpp": ["-DCPU_CAPABILITY=DEFAULT"],
+    "emu_attention_avx2.cpp": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
+}
+# OpenMP: ATen's at::parallel_for is an inline template that runs serially in an
+# extension built without it. -O3 lets the portable path's loops vectorise.
+FAST_FLAGS = ["-O3", "-fopenmp"]
+PORTABLE_FLAGS = ["-O2"]
 
 
 def _say(msg: str) -> None:
@@ -33,6 +46,28 @@ def _cann_found() -> bool:
     return any(h and os.path.isdir(h) for h in homes)
 
 
+def _compiler_takes(compiler: str, flags: list[str]) -> bool:
+    """Whether ``compiler`` compiles and links an OpenMP program with ``flags``."""
+    import subprocess
+    import tempfile
+
+    src = "#include <omp.h>\nint main() { return omp_get_max_threads() > 0 ? 0 : 1; }\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "probe.cpp")
+        with open(path, "w") as f:
+            f.write(src)
+        cmd = [compiler, *flags, path, "-o", os.path.join(tmp, "probe")]
+        return subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+def _make_portable(ext) -> None:
+    """Portable flags: no OpenMP, no AVX2 source (the kernels run serially, scalar-width)."""
+    ext.sources = [s for s in ext.sources if s != AVX2_SOURCE]
+    ext.extra_compile_args = PORTABLE_FLAGS + ["-fvisibility=hidden"]
+    ext.extra_link_args = []
+    ext.define_macros = [m for m in ext.define_macros if m[0] != "ASCEND_EXT_WITH_AVX2"]
+
+
 def _extension():
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -43,7 +78,23 @@ def _extension():
         return [], {}
 
     class OptionalBuildExt(BuildExtension):
-        """Build _C_ascend_ext; on a missing compiler or a failed build, say so and go on."""
+        """Build _C_ascend_ext; on a missing compiler or a failed build, say so and go on.
+
+        OpenMP and the AVX2 path where a probe shows the compiler takes their flags,
+        otherwise portable (serial kernels, no AVX2 path)."""
+
+        def build_extension(self, ext):
+            compile_one = self.compiler._compile
+
+            def with_source_flags(obj, src, ext_, cc_args, extra_postargs, pp_opts):
+                extra = PER_SOURCE_FLAGS.get(os.path.basename(src), [])
+                return compile_one(obj, src, ext_, cc_args, list(extra_postargs) + extra, pp_opts)
+
+            self.compiler._compile = with_source_flags
+            try:
+                super().build_extension(ext)
+            finally:
+                self.compiler._compile = compile_one
 
         def run(self):
             compiler = os.environ.get("CXX", "c++")
@@ -52,6 +103,12 @@ def _extension():
                      "is NOT built. The plugin runs on its Python references; install a "
                      "compiler (g++) and reinstall to build it.")
                 return
+            if not _compiler_takes(compiler, FAST_FLAGS + PER_SOURCE_FLAGS["emu_attention_avx2.cpp"]
+                                   if X86 else FAST_FLAGS):
+                _say(f"{compiler} does not take {FAST_FLAGS} (and the AVX2 flags): building "
+                     "_C_ascend_ext without OpenMP and the AVX2 path (serial kernels).")
+                for ext in self.extensions:
+                    _make_portable(ext)
             try:
                 super().run()
             except Exception as exc:  # report any build failure, keep installing
@@ -59,10 +116,12 @@ def _extension():
                      f"{exc}). The plugin runs on its Python references.")
 
     with_npu = _cann_found()
+    macros = [("ASCEND_EXT_WITH_NPU", "1")] if with_npu else []
     ext = CppExtension(
-        EXT_NAME, SOURCES,
-        extra_compile_args=["-O2", "-fvisibility=hidden"],
-        define_macros=[("ASCEND_EXT_WITH_NPU", "1")] if with_npu else [],
+        EXT_NAME, SOURCES + ([AVX2_SOURCE] if X86 else []),
+        extra_compile_args=FAST_FLAGS + ["-fvisibility=hidden"],
+        extra_link_args=["-fopenmp"],
+        define_macros=macros + ([("ASCEND_EXT_WITH_AVX2", "1")] if X86 else []),
     )
     print(f"vllm-ascend-ext: building {EXT_NAME} (CPU + Meta kernels"
           f"{' + NPU (PrivateUse1) kernels: CANN found' if with_npu else '; no CANN: no NPU kernels'})",

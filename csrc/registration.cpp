@@ -6,6 +6,7 @@
 // vllm-ascend PR 16924 shows what a custom build under CANN's name breaks.
 #include <torch/library.h>
 
+#include "emu_attention.h"
 #include "gdn_ext.h"
 #include "mla_prolog_v3_k3.h"
 
@@ -27,12 +28,21 @@ TORCH_LIBRARY(_C_ascend_ext, m) {
       "Tensor(a!) state, *, Tensor beta, float scale, Tensor actual_seq_lengths, "
       "Tensor ssm_state_indices, Tensor? num_accepted_tokens=None, Tensor? g=None, "
       "Tensor? has_initial_state=None, int max_seq_len=8) -> Tensor");
+  // Emulation kernels (CPU only): the compiled form of a Python reference.
+  m.def(
+      "emu_fused_infer_attention_score(Tensor query, Tensor key, Tensor value, "
+      "Tensor? block_table, int[] cu_q, int[] kv_lens, int[]? cu_kv, Tensor? mask2d, *, "
+      "int num_kv_heads, int sparse_mode, int pre_tokens, int next_tokens, float scale, "
+      "int block_size, bool softmax_lse_flag) -> (Tensor, Tensor)");
+  m.def("emu_last_threads() -> int", &ascend_ext_emu::emu_last_threads);
+  m.def("emu_vector_path() -> str", &ascend_ext_emu::emu_vector_path);
 }
 
 TORCH_LIBRARY_IMPL(_C_ascend_ext, CPU, m) {
   m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_kernel);
   m.impl("npu_causal_conv1d_ext", &ascend_ext_gdn::causal_conv1d_ext_kernel);
   m.impl("npu_recurrent_gated_delta_rule_ext", &ascend_ext_gdn::recurrent_gdr_ext_kernel);
+  m.impl("emu_fused_infer_attention_score", &ascend_ext_emu::fia_emu_kernel);
 }
 
 TORCH_LIBRARY_IMPL(_C_ascend_ext, Meta, m) {

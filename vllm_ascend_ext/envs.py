@@ -49,3 +49,20 @@ def emulated_soc():
         return soc_table.require_supported(soc_table.from_name(name))
     except soc_table.UnknownSocError as exc:
         raise AscendExtError(f"{SOC}={os.environ[SOC]!r}: {exc}") from None
+
+
+PY_REFERENCE = "ASCEND_EXT_PY_REFERENCE"
+
+
+def python_reference_forced() -> bool:
+    """True when ``ASCEND_EXT_PY_REFERENCE`` forces the Python references of the emulation
+    kernels (``_C_ascend_ext.emu_*``): for debugging, and for the tests comparing them."""
+    raw = os.environ.get(PY_REFERENCE, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise AscendExtError(
+        f"{PY_REFERENCE}={os.environ[PY_REFERENCE]!r}: expected one of "
+        f"{', '.join(_TRUE + _FALSE[1:])}"
+    )

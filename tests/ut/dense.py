@@ -6,7 +6,9 @@ the plugin's reference operators.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import random
 
 import torch
@@ -62,3 +64,18 @@ def write_paged(seq_k, seq_v, block_size, num_blocks, rng: random.Random, dtype)
                 kc[blk, : hi - lo] = k[lo:hi].to(dtype)
                 vc[blk, : hi - lo] = v[lo:hi].to(dtype)
     return kc, vc, table
+
+
+@contextlib.contextmanager
+def emulation_path(path: str):
+    """Run the block with the compiled emulation kernels (``compiled``) or with the Python
+    references forced (``reference``, ``ASCEND_EXT_PY_REFERENCE=1``)."""
+    old = os.environ.get("ASCEND_EXT_PY_REFERENCE")
+    os.environ["ASCEND_EXT_PY_REFERENCE"] = "1" if path == "reference" else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("ASCEND_EXT_PY_REFERENCE", None)
+        else:
+            os.environ["ASCEND_EXT_PY_REFERENCE"] = old

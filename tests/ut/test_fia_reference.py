@@ -1,4 +1,7 @@
-"""The FIA reference operator against independent dense attention."""
+"""The FIA reference operator against independent dense attention.
+
+The dense comparison runs on both emulation paths: the compiled kernel (the default)
+and the Python reference (forced); ``test_emu_kernels.py`` compares the two directly."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.ut.dense import dense_attention, write_paged
+from tests.ut.dense import dense_attention, emulation_path, write_paged
 from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
 from vllm_ascend_ext.ops.fia_checks import FIAArgumentError
 
@@ -86,13 +89,15 @@ def _run(lens, qs, kc, vc, table, nq, nkv, d, bs, dtype, mode, layout="BnBsH", l
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     layout=st.sampled_from(["BnBsH", "BnNBsD"]),
     lse=st.booleans(),
+    path=st.sampled_from(["compiled", "reference"]),
 )
-def test_paged_causal_matches_dense(seed, kinds, gqa, nkv, d, bs, dtype, layout, lse):
+def test_paged_causal_matches_dense(seed, kinds, gqa, nkv, d, bs, dtype, layout, lse, path):
     rng = random.Random(seed)
     torch.manual_seed(seed)
     nq = nkv * gqa
     lens, qs, seq_k, seq_v, kc, vc, table = _batch(rng, kinds, nq, nkv, d, bs, dtype)
-    out, got_lse = _run(lens, qs, kc, vc, table, nq, nkv, d, bs, dtype, 3, layout, lse)
+    with emulation_path(path):
+        out, got_lse = _run(lens, qs, kc, vc, table, nq, nkv, d, bs, dtype, 3, layout, lse)
     exp_out, exp_lse = _expected(lens, [q.to(dtype) for q in qs], seq_k, seq_v, d**-0.5, dtype, 3)
     assert out.dtype == dtype and out.shape == exp_out.shape
     torch.testing.assert_close(out.float(), exp_out, atol=TOL[dtype], rtol=TOL[dtype])

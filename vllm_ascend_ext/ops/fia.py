@@ -8,8 +8,12 @@ accumulation, output cast to the query dtype; fully masked rows give 0).
 
 The reference is vectorized over the batch: requests are bucketed by query length
 (powers of two) and each bucket is one padded, masked attention. The Python loop
-runs over buckets and row tiles, never over requests, so emulation keeps up with
-vLLM's own CPU kernels.
+runs over buckets and row tiles, never over requests.
+
+Emulation runs the compiled form of the reference, ``_C_ascend_ext.emu_fused_infer_attention_score``
+(``csrc/emu_attention*``: reads the paged cache in place, parallel over requests, KV
+heads and row tiles, online softmax in fp32) after the same checks; the reference below
+runs where the library is missing or ``ASCEND_EXT_PY_REFERENCE=1`` (``ops/compiled.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops.compiled import emulation_kernel
 from vllm_ascend_ext.ops.fia_checks import UNSUPPORTED_OPTIONALS, FIAPlan, check_fia
 
 INT_MAX = 2147483647
@@ -188,6 +193,38 @@ def fia_reference(
     return attn, torch.zeros(0, dtype=torch.float32, device=device)  # as torch_npu's meta
 
 
+def fia_emulated(
+    query, key, value, *, atten_mask=None, actual_seq_lengths=None,
+    actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0,
+    pre_tokens=INT_MAX, next_tokens=INT_MAX, input_layout="BSH",
+    num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0,
+    softmax_lse_flag=False, **optionals,
+):
+    """The emulation's FIA: the compiled kernel after the reference's checks, or the
+    reference itself (same arguments, same results)."""
+    kernel = emulation_kernel("emu_fused_infer_attention_score", query.device)
+    if kernel is None or key.shape[0] == 0:
+        return fia_reference(
+            query, key, value, atten_mask=atten_mask, actual_seq_lengths=actual_seq_lengths,
+            actual_seq_lengths_kv=actual_seq_lengths_kv, block_table=block_table,
+            num_heads=num_heads, scale=scale, pre_tokens=pre_tokens, next_tokens=next_tokens,
+            input_layout=input_layout, num_key_value_heads=num_key_value_heads,
+            sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
+            softmax_lse_flag=softmax_lse_flag, **optionals)
+    plan = _check(query, key, value, atten_mask, actual_seq_lengths,
+                  actual_seq_lengths_kv, block_table, num_heads, input_layout,
+                  num_key_value_heads, sparse_mode, block_size, optionals)
+    mask2d = None
+    if sparse_mode == 0 and atten_mask is not None:
+        mask2d = atten_mask.reshape(-1, *atten_mask.shape[-2:])[0]
+    return kernel(
+        query, key, value, block_table if plan.paged else None, list(plan.cu_q),
+        list(plan.kv_lens), list(plan.cu_kv) if plan.cu_kv is not None else None, mask2d,
+        num_kv_heads=plan.num_kv_heads, sparse_mode=sparse_mode, pre_tokens=pre_tokens,
+        next_tokens=next_tokens, scale=float(scale), block_size=plan.block_size,
+        softmax_lse_flag=softmax_lse_flag)
+
+
 def fia_meta(
     query, key, value, *, atten_mask=None, actual_seq_lengths=None,
     actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0,
@@ -238,7 +275,7 @@ def npu_fused_infer_attention_score(
     **optionals,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same signature and semantics as the torch_npu operator (keyword arguments)."""
-    impl = pick(query.device, npu=fia_npu, reference=fia_reference, meta=fia_meta)
+    impl = pick(query.device, npu=fia_npu, reference=fia_emulated, meta=fia_meta)
     return impl(
         query, key, value, atten_mask=atten_mask, actual_seq_lengths=actual_seq_lengths,
         actual_seq_lengths_kv=actual_seq_lengths_kv, block_table=block_table,

@@ -1,0 +1,229 @@
+"""The compiled emulation kernels (``_C_ascend_ext.emu_*``) against their Python references.
+
+Same batches as the reference tests (decodes, speculative verifies, chunked prefill on
+cached prefixes, fresh prefills; GQA ratios, block sizes, both paged layouts, fp32 and
+bf16, strided inputs), every sparse mode the reference takes, the thread count, the
+switch that forces the references, and the fallback without the library.
+README's install builds the library: these tests fail (not skip) when it is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.ut.dense import emulation_path
+from tests.ut.test_fia_reference import _batch
+from vllm_ascend_ext.attention.kv_layout import plane_block_table, plane_views
+from vllm_ascend_ext.errors import AscendExtError
+from vllm_ascend_ext.ops import compiled
+from vllm_ascend_ext.ops import fia as fia_mod
+from vllm_ascend_ext.ops.fia import causal_mask_2048, fia_emulated, fia_reference
+
+# fp32: accumulation order only; bf16: one rounding of the output may land on the other side.
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+       torch.float16: dict(atol=2e-3, rtol=2e-3)}
+
+
+def _both(query, key, value, **kw):
+    """(compiled, reference) results of one call."""
+    with emulation_path("compiled"):
+        got = fia_emulated(query, key, value, **kw)
+    assert compiled.last_kernel_threads() >= 1  # the kernel ran (not the reference)
+    return got, fia_reference(query, key, value, **kw)
+
+
+def _assert_same(got, ref, dtype, lse):
+    (o1, l1), (o2, l2) = got, ref
+    assert o1.dtype == o2.dtype == dtype and o1.shape == o2.shape
+    torch.testing.assert_close(o1.float(), o2.float(), **TOL[dtype])
+    if lse:
+        torch.testing.assert_close(l1, l2, atol=1e-4, rtol=1e-4)
+    else:
+        assert l1.shape == l2.shape == (0,)
+
+
+def test_readme_install_built_the_kernels():
+    assert compiled.emulation_kernel("emu_fused_infer_attention_score", torch.device("cpu"))
+    assert compiled.vector_path() in ("avx2", "default")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    kinds=st.lists(st.sampled_from(["decode", "spec", "chunk", "prefill"]), min_size=1, max_size=7),
+    gqa=st.sampled_from([1, 2, 4, 8]),
+    nkv=st.sampled_from([1, 2, 4]),
+    d=st.sampled_from([64, 128, 256]),
+    bs=st.sampled_from([16, 32, 128]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    layout=st.sampled_from(["BnBsH", "BnNBsD"]),
+    mode=st.sampled_from([3, 0]),
+    lse=st.booleans(),
+    strided_q=st.booleans(),
+)
+def test_compiled_fia_equals_reference(seed, kinds, gqa, nkv, d, bs, dtype, layout, mode, lse,
+                                       strided_q):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    nq = nkv * gqa
+    lens, qs, _, _, kc, vc, table = _batch(rng, kinds, nq, nkv, d, bs, dtype)
+    query = torch.cat(qs).to(dtype)
+    if strided_q:  # a view into a wider projection output: token and head strides differ
+        query = torch.cat([query, torch.randn_like(query)], dim=-1)[..., :d]
+    if layout == "BnBsH":
+        key, value = kc.view(kc.shape[0], bs, -1), vc.view(vc.shape[0], bs, -1)
+    else:
+        key, value = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+    cu = torch.tensor([lq for lq, _ in lens]).cumsum(0).tolist()
+    kw = dict(atten_mask=causal_mask_2048() if mode == 3 else None, actual_seq_lengths=cu,
+              actual_seq_lengths_kv=[lkv for _, lkv in lens], block_table=table, num_heads=nq,
+              num_key_value_heads=nkv, scale=d**-0.5, input_layout="TND", sparse_mode=mode,
+              block_size=bs, softmax_lse_flag=lse)
+    _assert_same(*_both(query, key, value, **kw), dtype, lse)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_plane_views_of_a_padded_hybrid_page(dtype):
+    """The backend's own cache views: K and V planes of a page padded to 3 planes."""
+    torch.manual_seed(5)
+    nb, nkv, bs, d = 7, 2, 16, 64
+    page = torch.randn(nb, 3 * bs * nkv * d).to(dtype)  # block stride = 3 planes
+    kv_cache = page.as_strided((nb, nkv, bs, 2 * d), (page.stride(0), bs * 2 * d, 2 * d, 1))
+    key, value, factor = plane_views(kv_cache)
+    assert factor == 3
+    table = plane_block_table(torch.tensor([[4, 1], [6, 0], [2, 5]]), factor)
+    q = torch.randn(1 + 3 + 20, 4, d).to(dtype)
+    kw = dict(atten_mask=causal_mask_2048(), actual_seq_lengths=[1, 4, 24],
+              actual_seq_lengths_kv=[30, 3, 32], block_table=table, num_heads=4,
+              num_key_value_heads=nkv, scale=0.125, input_layout="TND", sparse_mode=3,
+              block_size=bs, softmax_lse_flag=True)
+    _assert_same(*_both(q, key.view(key.shape[0], bs, -1), value.view(value.shape[0], bs, -1),
+                        **kw), dtype, True)
+
+
+@pytest.mark.parametrize("mode,pre,nxt", [(2, 2147483647, 2147483647), (4, 3, 0), (4, 40, 2),
+                                          (0, 5, 1)])
+def test_other_sparse_modes_and_explicit_mask(mode, pre, nxt):
+    torch.manual_seed(6)
+    rng = random.Random(6)
+    lens, qs, _, _, kc, vc, table = _batch(rng, ["chunk", "prefill", "decode", "spec"], 4, 2, 64,
+                                           16, torch.float32)
+    mask = causal_mask_2048() if mode else (torch.rand(2048, 2048) < 0.3)
+    cu = torch.tensor([lq for lq, _ in lens]).cumsum(0).tolist()
+    kw = dict(atten_mask=mask, actual_seq_lengths=cu, actual_seq_lengths_kv=[k for _, k in lens],
+              block_table=table, num_heads=4, num_key_value_heads=2, scale=0.125,
+              input_layout="TND", sparse_mode=mode, pre_tokens=pre, next_tokens=nxt,
+              block_size=16, softmax_lse_flag=True)
+    got, ref = _both(torch.cat(qs), kc.view(kc.shape[0], 16, -1), vc.view(vc.shape[0], 16, -1), **kw)
+    _assert_same(got, ref, torch.float32, True)
+    assert torch.isinf(ref[1]).any() == torch.isinf(got[1]).any()  # same fully masked rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_kv_and_rows_that_see_nothing(dtype):
+    torch.manual_seed(7)
+    q_lens, kv_lens = [3, 6, 1], [3, 2, 300]  # request 1: 4 of its 6 rows see no key
+    q = torch.randn(sum(q_lens), 8, 128).to(dtype)
+    k, v = torch.randn(sum(kv_lens), 2, 128).to(dtype), torch.randn(sum(kv_lens), 2, 128).to(dtype)
+    kw = dict(atten_mask=causal_mask_2048(), actual_seq_lengths=[3, 9, 10],
+              actual_seq_lengths_kv=[3, 5, 305], num_heads=8, num_key_value_heads=2,
+              scale=128**-0.5, input_layout="TND", sparse_mode=3, softmax_lse_flag=True)
+    got, ref = _both(q, k, v, **kw)
+    _assert_same(got, ref, dtype, True)
+    assert torch.all(got[0][3:7] == 0) and torch.all(torch.isinf(got[1][3:7]))
+
+
+def test_kernel_runs_on_more_than_one_thread():
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: nothing to parallelise over")
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q = torch.randn(64, 4, 64)
+        k, v = torch.randn(64 * 128, 2, 64), torch.randn(64 * 128, 2, 64)
+        cu = list(range(1, 65))
+        with emulation_path("compiled"):
+            fia_emulated(q, k, v, atten_mask=causal_mask_2048(), actual_seq_lengths=cu,
+                         actual_seq_lengths_kv=[128 * (i + 1) for i in range(64)], num_heads=4,
+                         num_key_value_heads=2, scale=0.125, input_layout="TND", sparse_mode=3)
+        assert compiled.last_kernel_threads() == 2
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_the_switch_forces_the_reference_and_bad_values_are_named(monkeypatch):
+    calls = []
+    real = fia_mod.fia_reference
+    monkeypatch.setattr(fia_mod, "fia_reference", lambda *a, **k: calls.append(1) or real(*a, **k))
+    q, k, v = torch.randn(2, 2, 64), torch.randn(2, 1, 64), torch.randn(2, 1, 64)
+    kw = dict(actual_seq_lengths=[2], actual_seq_lengths_kv=[2], num_heads=2,
+              num_key_value_heads=1, scale=0.125, input_layout="TND")
+    with emulation_path("compiled"):
+        fia_mod.npu_fused_infer_attention_score(q, k, v, **kw)
+    assert calls == []
+    with emulation_path("reference"):
+        fia_mod.npu_fused_infer_attention_score(q, k, v, **kw)
+    assert calls == [1]
+    monkeypatch.setenv("ASCEND_EXT_PY_REFERENCE", "maybe")
+    with pytest.raises(AscendExtError, match="ASCEND_EXT_PY_REFERENCE='maybe'"):
+        fia_mod.npu_fused_infer_attention_score(q, k, v, **kw)
+
+
+def test_a_block_id_outside_the_cache_is_an_error_not_a_wild_read():
+    q, k, v = torch.randn(1, 2, 64), torch.randn(4, 16, 64), torch.randn(4, 16, 64)
+    kw = dict(actual_seq_lengths=[1], actual_seq_lengths_kv=[20], num_heads=2,
+              num_key_value_heads=1, scale=0.125, input_layout="TND", block_size=16,
+              block_table=torch.tensor([[1, 9]], dtype=torch.int32))
+    with emulation_path("compiled"), pytest.raises(RuntimeError, match=r"block_table\[0\]\[1\] = 9"):
+        fia_emulated(q, k, v, **kw)
+
+
+def _run_child(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, **env))
+
+
+def test_portable_vector_path_equals_the_avx2_path():
+    code = r"""
+import random, torch
+from tests.ut.test_fia_reference import _batch
+from vllm_ascend_ext.ops import compiled
+from vllm_ascend_ext.ops.fia import causal_mask_2048, fia_emulated, fia_reference
+torch.manual_seed(0)
+lens, qs, _, _, kc, vc, table = _batch(random.Random(0), ["decode", "chunk", "spec", "prefill"],
+                                       8, 2, 128, 16, torch.bfloat16)
+kw = dict(atten_mask=causal_mask_2048(), actual_seq_lengths=torch.tensor([a for a, _ in lens]).cumsum(0).tolist(),
+          actual_seq_lengths_kv=[b for _, b in lens], block_table=table, num_heads=8,
+          num_key_value_heads=2, scale=0.1, input_layout="TND", sparse_mode=3, block_size=16)
+args = (torch.cat(qs).to(torch.bfloat16), kc.view(kc.shape[0], 16, -1), vc.view(vc.shape[0], 16, -1))
+got, ref = fia_emulated(*args, **kw)[0], fia_reference(*args, **kw)[0]
+torch.testing.assert_close(got.float(), ref.float(), atol=1.6e-2, rtol=1.6e-2)
+print("PATH", compiled.vector_path())
+"""
+    proc = _run_child(code, ASCEND_EXT_EMU_ISA="default", PYTHONPATH=os.getcwd())
+    assert "PATH default" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_hidden_library_runs_the_reference():
+    code = r"""
+import sys, torch
+sys.modules["vllm_ascend_ext._C_ascend_ext"] = None          # hide the compiled library
+from vllm_ascend_ext.ops import compiled
+from vllm_ascend_ext.ops.fia import fia_emulated, fia_reference
+q, k, v = torch.randn(3, 2, 64), torch.randn(5, 1, 64), torch.randn(5, 1, 64)
+kw = dict(actual_seq_lengths=[1, 3], actual_seq_lengths_kv=[2, 5], num_heads=2,
+          num_key_value_heads=1, scale=0.125, input_layout="TND")
+assert compiled.emulation_kernel("emu_fused_infer_attention_score", q.device) is None
+assert torch.equal(fia_emulated(q, k, v, **kw)[0], fia_reference(q, k, v, **kw)[0])
+print("FALLBACK-OK", compiled.vector_path(), compiled.last_kernel_threads())
+"""
+    proc = _run_child(code)
+    assert "FALLBACK-OK None 0" in proc.stdout, proc.stderr[-2000:]

@@ -1,0 +1,37 @@
+"""The compiled emulation kernels (``torch.ops._C_ascend_ext.emu_*``), when they can run.
+
+Each hot Python reference has a C++ CPU kernel in ``_C_ascend_ext`` (``csrc/emu_*``)
+with the same semantics; the reference stays the readable truth and the tests compare
+the two. A reference uses its kernel when the library is loaded and has it, the tensors
+are on the CPU, and ``ASCEND_EXT_PY_REFERENCE`` does not force the references.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from vllm_ascend_ext import envs
+from vllm_ascend_ext.ops import _ext
+
+
+def emulation_kernel(name: str, device: torch.device) -> Callable[..., Any] | None:
+    """``torch.ops._C_ascend_ext.<name>``, or None where the Python reference must run."""
+    if device.type != "cpu" or envs.python_reference_forced() or not _ext.load():
+        return None
+    return getattr(getattr(torch.ops, _ext.NAMESPACE), name, None)
+
+
+def vector_path() -> str | None:
+    """Which vector path the kernels take on this CPU (``avx2`` / ``default``), or None
+    without the library."""
+    kernel = emulation_kernel("emu_vector_path", torch.device("cpu"))
+    return kernel() if kernel is not None else None
+
+
+def last_kernel_threads() -> int:
+    """Threads that took part in the last emulation kernel call (0 before any)."""
+    kernel = emulation_kernel("emu_last_threads", torch.device("cpu"))
+    return kernel() if kernel is not None else 0
