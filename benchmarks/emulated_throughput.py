@@ -1,13 +1,16 @@
 """Emulated plugin vs vLLM's own CPU backend: same offline workload, one run.
 
-    python benchmarks/emulated_throughput.py [--long] [--skip-op]
+    python benchmarks/emulated_throughput.py [--long] [--skip-op] [--skip-py]
 
 Each engine runs in its own subprocess (vLLM picks its platform once per
 process): the tiny embedded model, fp32, 32 concurrent prompts of varied length,
-chunked prefill. Prints both throughputs and their ratio (target: emulated >= 0.8x
-stock). ``--long`` adds the same comparison with ~2k-token contexts. Unless
-``--skip-op``, also times the reference FIA operator against vLLM's CPU attention
-kernel on one mixed batch.
+chunked prefill; throughput is the median of 5 passes. Prints stock vLLM's
+throughput, the emulated plugin's with its compiled kernels and (unless
+``--skip-py``) with the Python references forced (``ASCEND_EXT_PY_REFERENCE=1``),
+and their ratios to stock (target: compiled >= 0.8x). ``--long`` adds the same
+comparison with ~2k-token contexts. Unless ``--skip-op``, also times the FIA
+operator (Python reference, compiled kernel) against vLLM's CPU attention kernel
+on the same batches.
 """
 
 from __future__ import annotations
@@ -56,12 +59,14 @@ def engine_run(workload: str) -> dict:
             "tok_per_s": tokens / dt}
 
 
-def spawn(workload: str, emulate: bool) -> dict:
+def spawn(workload: str, emulate: bool, python_refs: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_EXT_")}
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="2",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if emulate:
         env["ASCEND_EXT_EMULATE"] = "1"
+    if python_refs:
+        env["ASCEND_EXT_PY_REFERENCE"] = "1"
     proc = subprocess.run([sys.executable, __file__, "--child", workload], env=env,
                           capture_output=True, text=True)
     for line in proc.stdout.splitlines():
@@ -70,39 +75,38 @@ def spawn(workload: str, emulate: bool) -> dict:
     raise RuntimeError(f"child failed ({workload}, emulate={emulate}):\n{proc.stderr[-4000:]}")
 
 
-def op_compare(num_decodes=31, prefill=256, ctx=2048, reps=20) -> list[tuple[str, float]]:
-    """Reference FIA vs vLLM's CPU attention kernel on one mixed batch (same data)."""
+OP_BATCHES = {
+    # name: (query lengths, kv lengths)
+    "decode: 32 x kv 2048": ([1] * 32, [2048] * 32),
+    "mixed: 31 decodes + 256-token chunk, kv 2048": ([1] * 31 + [256], [2048] * 32),
+    "prefill: 2 x 512-token chunks, kv 2048": ([512] * 2, [2048] * 2),
+}
+
+
+def op_compare(q_lens, kv_lens, reps=10) -> dict[str, float]:
+    """FIA (Python reference, compiled kernel) vs vLLM's CPU attention kernel, same data."""
     import torch
 
-    from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
+    from vllm_ascend_ext.attention.kv_layout import plane_block_table, plane_views
+    from vllm_ascend_ext.ops.fia import causal_mask_2048, fia_emulated, fia_reference
 
     torch.manual_seed(0)
     nq, nkv, d, bs = 4, 2, 64, 128
-    q_lens = [1] * num_decodes + [prefill]
-    kv_lens = [ctx] * num_decodes + [ctx]
-    blocks_per = -(-ctx // bs)
+    blocks_per = -(-max(kv_lens) // bs)
     nb = blocks_per * len(q_lens)
     kv_cache = torch.randn(nb, nkv, bs, 2 * d)
     table = torch.arange(nb, dtype=torch.int32).view(len(q_lens), blocks_per)
     T = sum(q_lens)
     q = torch.randn(T, nq, d)
     cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
-    rows = []
-
-    from vllm_ascend_ext.attention.kv_layout import plane_block_table, plane_views
-
     kc, vc, factor = plane_views(kv_cache)
-    plane_table = plane_block_table(table, factor)
-    mask = causal_mask_2048()
-
-    def ours():
-        npu_fused_infer_attention_score(
-            q, kc.view(kc.shape[0], bs, -1), vc.view(vc.shape[0], bs, -1),
-            atten_mask=mask, actual_seq_lengths=cu[1:].tolist(), actual_seq_lengths_kv=kv_lens,
-            block_table=plane_table, num_heads=nq, num_key_value_heads=nkv, scale=d**-0.5,
-            input_layout="TND", sparse_mode=3, block_size=bs)
-
-    rows.append(("reference FIA (plugin emulation)", _time(ours, reps)))
+    args = (q, kc.view(kc.shape[0], bs, -1), vc.view(vc.shape[0], bs, -1))
+    kw = dict(atten_mask=causal_mask_2048(), actual_seq_lengths=cu[1:].tolist(),
+              actual_seq_lengths_kv=kv_lens, block_table=plane_block_table(table, factor),
+              num_heads=nq, num_key_value_heads=nkv, scale=d**-0.5, input_layout="TND",
+              sparse_mode=3, block_size=bs)
+    times = {"reference": _time(lambda: fia_reference(*args, **kw), max(2, reps // 4)),
+             "compiled": _time(lambda: fia_emulated(*args, **kw), reps)}
     try:
         from vllm import _custom_ops as ops
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
@@ -122,10 +126,11 @@ def op_compare(num_decodes=31, prefill=256, ctx=2048, reps=20) -> list[tuple[str
                 seq_lens=seq, scale=d**-0.5, causal=True, alibi_slopes=None, sliding_window=-1,
                 block_table=table, softcap=0, scheduler_metadata=meta, s_aux=None)
 
-        rows.append(("vLLM CPU attention kernel", _time(stock, reps)))
+        times["vllm"] = _time(stock, reps)
     except Exception as exc:  # noqa: BLE001 - report, do not hide, a kernel-API mismatch
-        rows.append((f"vLLM CPU attention kernel: unavailable ({type(exc).__name__}: {exc})", float("nan")))
-    return rows
+        print(f"vLLM CPU attention kernel unavailable ({type(exc).__name__}: {exc})")
+        times["vllm"] = float("nan")
+    return times
 
 
 def _time(fn, reps) -> float:
@@ -144,23 +149,35 @@ def main() -> None:
     ap.add_argument("--child")
     ap.add_argument("--long", action="store_true")
     ap.add_argument("--skip-op", action="store_true")
+    ap.add_argument("--skip-py", action="store_true")
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(engine_run(args.child)))
         return
     names = ["standard"] + (["long-2k"] if args.long else [])
-    print(f"{'workload':<10} {'stock tok/s':>12} {'emulated tok/s':>15} {'ratio':>7}")
+    print(f"{'workload':<10} {'stock tok/s':>12} {'compiled tok/s':>15} {'ratio':>6}"
+          + ("" if args.skip_py else f" {'Python refs tok/s':>20} {'ratio':>6}"), flush=True)
     for name in names:
         stock, emu = spawn(name, False), spawn(name, True)
         assert stock["platform"] == "CpuPlatform", stock
         assert emu["platform"] == "EmulatedAscendPlatform", emu
-        print(f"{name:<10} {stock['tok_per_s']:>12.1f} {emu['tok_per_s']:>15.1f} "
-              f"{emu['tok_per_s'] / stock['tok_per_s']:>7.2f}")
+        line = (f"{name:<10} {stock['tok_per_s']:>12.1f} {emu['tok_per_s']:>15.1f} "
+                f"{emu['tok_per_s'] / stock['tok_per_s']:>6.2f}")
+        if not args.skip_py:
+            py = spawn(name, True, python_refs=True)
+            line += f" {py['tok_per_s']:>20.1f} {py['tok_per_s'] / stock['tok_per_s']:>6.2f}"
+        print(line, flush=True)
     if not args.skip_op:
-        print("\noperator, one mixed batch (31 decodes + 256-token prefill chunk, kv 2048, "
-              "4 q heads / 2 kv heads, d 64, fp32), median ms:")
-        for name, ms in op_compare():
-            print(f"  {name:<40} {ms:8.2f}")
+        import torch
+
+        print(f"\nFIA operator, median ms ({torch.get_num_threads()} threads; 4 q heads / 2 kv "
+              "heads, d 64, fp32, block 128):")
+        print(f"{'batch':<46} {'reference':>10} {'compiled':>9} {'vLLM CPU':>9} "
+              f"{'ref/comp':>9} {'vLLM/comp':>10}")
+        for name, (ql, kl) in OP_BATCHES.items():
+            t = op_compare(ql, kl)
+            print(f"{name:<46} {t['reference']:>10.2f} {t['compiled']:>9.2f} {t['vllm']:>9.2f} "
+                  f"{t['reference'] / t['compiled']:>9.2f} {t['vllm'] / t['compiled']:>10.2f}")
 
 
 if __name__ == "__main__":

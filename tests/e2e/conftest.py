@@ -20,6 +20,9 @@ def child_env(emulate: bool, **extra: str) -> dict[str, str]:
     env.pop("VLLM_PLUGINS", None)
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")
+    # Stock runs too: vLLM 0.32 cannot load its AOT compile cache on the CPU and would
+    # recompile at every start (platform/config_hooks.py: compile_cache_that_loads).
+    env.setdefault("VLLM_USE_AOT_COMPILE", "0")
     if emulate:
         env["ASCEND_EXT_EMULATE"] = "1"
     env.update(extra)

@@ -227,3 +227,13 @@ print("FALLBACK-OK", compiled.vector_path(), compiled.last_kernel_threads())
 """
     proc = _run_child(code)
     assert "FALLBACK-OK None 0" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_emulated_platform_uses_the_compile_cache_that_loads():
+    from vllm_ascend_ext.platform.config_hooks import compile_cache_that_loads
+
+    env: dict[str, str] = {}
+    assert "cannot load its own AOT compile cache" in compile_cache_that_loads(env)
+    assert env == {"VLLM_USE_AOT_COMPILE": "0"}
+    chosen = {"VLLM_USE_AOT_COMPILE": "1"}  # the user's choice stands
+    assert compile_cache_that_loads(chosen) is None and chosen == {"VLLM_USE_AOT_COMPILE": "1"}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import MutableMapping
+
 from vllm.logger import init_logger
 
 from vllm_ascend_ext.config import AscendExtConfig, get_config
@@ -94,3 +97,23 @@ def hybrid_prefix_caching_off(vllm_config) -> str | None:
     return (f"prefix caching is off for the hybrid model {model.architecture}: the plugin's "
             "Gated-DeltaNet layers do not write vLLM's align-mode state checkpoints yet "
             "(and vLLM's speculative state copies for that mode are Triton-only)")
+
+
+AOT_COMPILE_ENV = "VLLM_USE_AOT_COMPILE"
+
+
+def compile_cache_that_loads(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Emulated platform: vLLM's inductor compile cache instead of its AOT cache, unless the
+    user chose (``VLLM_USE_AOT_COMPILE`` set); the reason, or None when nothing changed.
+
+    vLLM 0.32 on the CPU saves the AOT-compiled model but cannot load it back (``'function'
+    object has no attribute 'finalize_loading'``, logged as "Compiling model again due to a
+    load failure"), so every start recompiles: 15-30 s for a tiny model on 2 cores. Its
+    inductor cache (``VLLM_USE_AOT_COMPILE=0``) loads, and a second start skips the compile.
+    """
+    if AOT_COMPILE_ENV in environ:
+        return None
+    environ[AOT_COMPILE_ENV] = "0"
+    return (f"{AOT_COMPILE_ENV}=0: vLLM 0.32 cannot load its own AOT compile cache on the CPU "
+            "(every start would recompile); using its inductor cache, which loads. Set "
+            f"{AOT_COMPILE_ENV} to choose.")

@@ -21,6 +21,7 @@ from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.allocator import keep_large_blocks_in_heap
 from vllm_ascend_ext.platform.config_hooks import (
     apply_quant_description,
+    compile_cache_that_loads,
     hybrid_prefix_caching_off,
     is_sparse_mla_model,
     refuse_expert_parallel,
@@ -92,3 +93,6 @@ class EmulatedAscendPlatform(CpuPlatform):
         if why:
             logger.warning("ascend_ext: %s", why)
         preflight(PLATFORM_NAME, cls.soc(), vllm_config)
+        why = compile_cache_that_loads()
+        if why:
+            logger.info_once("ascend_ext: %s", why)
