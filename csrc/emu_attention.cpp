@@ -16,7 +16,6 @@ namespace {
 
 constexpr const char* kOp = "emu_fused_infer_attention_score";
 constexpr int64_t kTileVectors = 32;  // query vectors (rows x heads of one KV head) per item
-std::atomic<int64_t> g_last_threads{0};
 
 // ASCEND_EXT_EMU_ISA=default forces the portable path (tests compare the two).
 bool use_avx2() {
@@ -45,7 +44,9 @@ void kv_strides(const at::Tensor& t, bool paged, int64_t& sb, int64_t& ss, int64
 
 }  // namespace
 
-int64_t emu_last_threads() { return g_last_threads.load(); }
+std::atomic<int64_t> g_emu_last_threads{0};
+
+int64_t emu_last_threads() { return g_emu_last_threads.load(); }
 
 std::string emu_vector_path() { return use_avx2() ? "avx2" : "default"; }
 
@@ -138,7 +139,7 @@ std::tuple<at::Tensor, at::Tensor> fia_emu_kernel(
 
   const int64_t used = use_avx2() ? AVX2::fia_run(a, sorted, query.scalar_type())
                                   : DEFAULT::fia_run(a, sorted, query.scalar_type());
-  g_last_threads.store(used);
+  g_emu_last_threads.store(used);
   return {out, lse};
 }
 

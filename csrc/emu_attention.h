@@ -2,13 +2,16 @@
 //   emu_fused_infer_attention_score   the CPU kernel behind the reference of torch_npu's
 //                                     npu_fused_infer_attention_score (TND; paged BnBsH /
 //                                     BnNBsD or packed K/V; sparse_mode 0/2/3/4; GQA; LSE)
-// Semantics: vllm_ascend_ext/ops/fia.py (the Python reference, the readable truth; the
+//   emu_recurrent_gated_delta_rule    the CPU kernel behind the reference of torch_npu's
+//                                     npu_recurrent_gated_delta_rule (csrc/emu_gdn.cpp)
+// Semantics: vllm_ascend_ext/ops/fia.py, ops/gdn_recurrent.py (the Python reference, the readable truth; the
 // argument checks stay in Python, ops/fia_checks.py, and run before this kernel). These
 // are emulation kernels: registered for CPU only, never an NPU operator.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -60,7 +63,14 @@ std::tuple<at::Tensor, at::Tensor> fia_emu_kernel(
     int64_t pre_tokens, int64_t next_tokens, double scale, int64_t block_size,
     bool softmax_lse_flag);
 
-// Threads that took part in the last emu_ kernel call, and which vector path ran.
+at::Tensor gdr_emu_kernel(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                          const at::Tensor& state, const at::Tensor& beta,
+                          const std::optional<at::Tensor>& g, double scale, at::IntArrayRef starts,
+                          at::IntArrayRef lens, at::IntArrayRef slots, at::IntArrayRef init_slots);
+
+// Threads that took part in the last emu_ kernel call (set by each kernel), and which
+// vector path the attention kernel takes.
+extern std::atomic<int64_t> g_emu_last_threads;
 int64_t emu_last_threads();
 std::string emu_vector_path();
 

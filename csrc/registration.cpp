@@ -34,6 +34,10 @@ TORCH_LIBRARY(_C_ascend_ext, m) {
       "Tensor? block_table, int[] cu_q, int[] kv_lens, int[]? cu_kv, Tensor? mask2d, *, "
       "int num_kv_heads, int sparse_mode, int pre_tokens, int next_tokens, float scale, "
       "int block_size, bool softmax_lse_flag) -> (Tensor, Tensor)");
+  m.def(
+      "emu_recurrent_gated_delta_rule(Tensor query, Tensor key, Tensor value, Tensor(a!) state, "
+      "Tensor beta, Tensor? g, float scale, int[] starts, int[] lens, int[] slots, "
+      "int[] init_slots) -> Tensor");
   m.def("emu_last_threads() -> int", &ascend_ext_emu::emu_last_threads);
   m.def("emu_vector_path() -> str", &ascend_ext_emu::emu_vector_path);
 }
@@ -43,6 +47,7 @@ TORCH_LIBRARY_IMPL(_C_ascend_ext, CPU, m) {
   m.impl("npu_causal_conv1d_ext", &ascend_ext_gdn::causal_conv1d_ext_kernel);
   m.impl("npu_recurrent_gated_delta_rule_ext", &ascend_ext_gdn::recurrent_gdr_ext_kernel);
   m.impl("emu_fused_infer_attention_score", &ascend_ext_emu::fia_emu_kernel);
+  m.impl("emu_recurrent_gated_delta_rule", &ascend_ext_emu::gdr_emu_kernel);
 }
 
 TORCH_LIBRARY_IMPL(_C_ascend_ext, Meta, m) {

@@ -237,3 +237,61 @@ def test_emulated_platform_uses_the_compile_cache_that_loads():
     assert env == {"VLLM_USE_AOT_COMPILE": "0"}
     chosen = {"VLLM_USE_AOT_COMPILE": "1"}  # the user's choice stands
     assert compile_cache_that_loads(chosen) is None and chosen == {"VLLM_USE_AOT_COMPILE": "1"}
+
+
+# ----------------------------------------------------- the Gated-DeltaNet recurrence
+@settings(max_examples=30, deadline=None)
+@given(lens=st.lists(st.integers(0, 8), min_size=1, max_size=5).filter(any),
+       nk=st.sampled_from([1, 2]), rep=st.sampled_from([1, 2, 4]),
+       dk=st.sampled_from([5, 8, 64, 128]), dv=st.sampled_from([3, 16, 64]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       state_dtype=st.sampled_from([torch.float32, torch.bfloat16]), with_g=st.booleans(),
+       use_accepted=st.booleans(), strided=st.booleans(), seed=st.integers(0, 2**16),
+       data=st.data())
+def test_compiled_gdn_recurrence_equals_reference(lens, nk, rep, dk, dv, dtype, state_dtype,
+                                                  with_g, use_accepted, strided, seed, data):
+    from vllm_ascend_ext.ops.gdn_recurrent import (
+        recurrent_gated_delta_rule_emulated,
+        recurrent_gated_delta_rule_reference,
+    )
+
+    gen = torch.Generator().manual_seed(seed)
+    t, nv = sum(lens), nk * rep
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    q = torch.nn.functional.normalize(r(t, nk, dk), dim=-1).to(dtype)
+    k = torch.nn.functional.normalize(r(t, nk, dk), dim=-1).to(dtype)
+    v, beta = r(t, nv, dv).to(dtype), torch.sigmoid(r(t, nv)).to(dtype)
+    g = -torch.nn.functional.softplus(r(t, nv)) if with_g else None
+    n_slots = t + 3
+    slots = torch.randperm(n_slots, generator=gen)[:t].to(torch.int32)
+    accepted = (torch.tensor([data.draw(st.integers(1, max(n, 1))) for n in lens],
+                             dtype=torch.int32) if use_accepted else None)
+    if strided:  # hybrid pages: the recurrent state is a strided view (conv state beside it)
+        page = r(n_slots, nv * dv * dk + 40).to(state_dtype)
+        state = page[:, 40:].view(n_slots, nv, dv, dk)
+    else:
+        state = r(n_slots, nv, dv, dk).to(state_dtype)
+    ref_state = state.clone()
+    kw = dict(beta=beta, scale=dk**-0.5, actual_seq_lengths=torch.tensor(lens, dtype=torch.int32),
+              ssm_state_indices=slots, num_accepted_tokens=accepted, g=g)
+    with emulation_path("compiled"):
+        got = recurrent_gated_delta_rule_emulated(q, k, v, state, **kw)
+    assert compiled.last_kernel_threads() >= 1
+    want = recurrent_gated_delta_rule_reference(q, k, v, ref_state, **kw)
+    tol = TOL[torch.bfloat16 if torch.bfloat16 in (dtype, state_dtype) else torch.float32]
+    assert got.dtype == want.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+    torch.testing.assert_close(state.float(), ref_state.float(), **tol)
+    untouched = sorted(set(range(n_slots)) - set(slots.tolist()))
+    assert torch.equal(state[untouched], ref_state[untouched])
+
+
+def test_compiled_gdn_recurrence_refuses_a_slot_outside_the_state():
+    from vllm_ascend_ext.ops.gdn_recurrent import recurrent_gated_delta_rule_emulated
+
+    q = k = torch.nn.functional.normalize(torch.randn(2, 1, 8), dim=-1)
+    with emulation_path("compiled"), pytest.raises(RuntimeError, match="slot 7 outside"):
+        recurrent_gated_delta_rule_emulated(
+            q, k, torch.randn(2, 1, 8), torch.zeros(3, 1, 8, 8), beta=torch.rand(2, 1),
+            scale=0.3, actual_seq_lengths=torch.tensor([2], dtype=torch.int32),
+            ssm_state_indices=torch.tensor([0, 7], dtype=torch.int32))

@@ -59,7 +59,7 @@ REFERENCES = {
     "npu_grouped_matmul": "vllm_ascend_ext.ops.grouped_matmul:grouped_matmul_reference",
     "npu_swiglu": "vllm_ascend_ext.ops.grouped_matmul:swiglu_reference",
     "npu_recurrent_gated_delta_rule":
-        "vllm_ascend_ext.ops.gdn_recurrent:recurrent_gated_delta_rule_reference",
+        "vllm_ascend_ext.ops.gdn_recurrent:recurrent_gated_delta_rule_emulated",
     "npu_chunk_gated_delta_rule": "vllm_ascend_ext.ops.gdn_chunk:chunk_gated_delta_rule_reference",
 }
 

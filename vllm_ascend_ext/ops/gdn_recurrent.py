@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops.compiled import emulation_kernel
 from vllm_ascend_ext.ops.counting import npu_op
 
 OP = "npu_recurrent_gated_delta_rule"
@@ -88,6 +89,44 @@ def _heads(x: torch.Tensor, rep: int, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype).repeat_interleave(rep, dim=1) if rep > 1 else x.to(dtype)
 
 
+def _host_plan(t, actual_seq_lengths, ssm_state_indices, num_accepted_tokens):
+    """(lengths, token slots, accepted counts, request starts) as host lists, checked."""
+    lens = [int(n) for n in actual_seq_lengths.tolist()]
+    if sum(lens) != t or min(lens, default=0) < 0:
+        raise ValueError(f"{OP}: actual_seq_lengths {lens} must be >= 0 and sum to T={t}")
+    slots = [int(i) for i in ssm_state_indices.tolist()]
+    accepted = ([int(a) for a in num_accepted_tokens.tolist()] if num_accepted_tokens is not None
+                else [1] * len(lens))
+    starts = [sum(lens[:i]) for i in range(len(lens))]
+    for i, n in enumerate(lens):
+        if n > 0 and not 1 <= accepted[i] <= n:
+            raise ValueError(f"{OP}: request {i} has {n} tokens but num_accepted_tokens "
+                             f"{accepted[i]}: the initial state is read from that token's "
+                             f"slot, which must lie in the request (1 <= accepted <= L)")
+    return lens, slots, accepted, starts
+
+
+def recurrent_gated_delta_rule_emulated(query, key, value, state, *, beta=None, scale=None,
+                                        actual_seq_lengths=None, ssm_state_indices=None,
+                                        num_accepted_tokens=None, g=None, gk=None):
+    """The emulation's recurrence: the compiled kernel (``_C_ascend_ext.emu_recurrent_
+    gated_delta_rule``, fp32 work, ``csrc/emu_gdn.cpp``) after the reference's checks, or
+    the reference itself (float64 inputs, no library, ``ASCEND_EXT_PY_REFERENCE=1``)."""
+    kernel = emulation_kernel("emu_recurrent_gated_delta_rule", query.device)
+    if (kernel is None or work_dtype(query) != torch.float32 or state.dtype == torch.float64
+            or state.stride(-1) != 1):
+        return recurrent_gated_delta_rule_reference(
+            query, key, value, state, beta=beta, scale=scale,
+            actual_seq_lengths=actual_seq_lengths, ssm_state_indices=ssm_state_indices,
+            num_accepted_tokens=num_accepted_tokens, g=g, gk=gk)
+    _check(query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
+           num_accepted_tokens, g, gk)
+    lens, slots, accepted, starts = _host_plan(query.shape[0], actual_seq_lengths,
+                                               ssm_state_indices, num_accepted_tokens)
+    init = [slots[s + a - 1] if n > 0 else 0 for s, a, n in zip(starts, accepted, lens)]
+    return kernel(query, key, value, state, beta, g, float(scale), starts, lens, slots, init)
+
+
 def recurrent_gated_delta_rule_reference(query, key, value, state, *, beta=None, scale=None,
                                          actual_seq_lengths=None, ssm_state_indices=None,
                                          num_accepted_tokens=None, g=None, gk=None):
@@ -98,20 +137,10 @@ def recurrent_gated_delta_rule_reference(query, key, value, state, *, beta=None,
     q, k = _heads(query, rep, w) * scale, _heads(key, rep, w)
     v, b = value.to(w), beta.to(w)
     decay = torch.exp(g.to(w)) if g is not None else torch.ones_like(b)
-    lens = [int(n) for n in actual_seq_lengths.tolist()]
-    if sum(lens) != t or min(lens, default=0) < 0:
-        raise ValueError(f"{OP}: actual_seq_lengths {lens} must be >= 0 and sum to T={t}")
-    slots = [int(i) for i in ssm_state_indices.tolist()]
-    accepted = ([int(a) for a in num_accepted_tokens.tolist()] if num_accepted_tokens is not None
-                else [1] * len(lens))
+    lens, slots, accepted, starts = _host_plan(t, actual_seq_lengths, ssm_state_indices,
+                                               num_accepted_tokens)
     out = torch.zeros(value.shape, dtype=w)
-    starts = [sum(lens[:i]) for i in range(len(lens))]
     live = [i for i, n in enumerate(lens) if n > 0]
-    for i in live:
-        if not 1 <= accepted[i] <= lens[i]:
-            raise ValueError(f"{OP}: request {i} has {lens[i]} tokens but num_accepted_tokens "
-                             f"{accepted[i]}: the initial state is read from that token's "
-                             f"slot, which must lie in the request (1 <= accepted <= L)")
     if not live:
         return out.to(value.dtype)
     s = state[[slots[starts[i] + accepted[i] - 1] for i in live]].to(w)  # [R, Nv, Dv, Dk]
@@ -145,7 +174,7 @@ def npu_recurrent_gated_delta_rule(query, key, value, state, *, beta=None, scale
                                    actual_seq_lengths=None, ssm_state_indices=None,
                                    num_accepted_tokens=None, g=None, gk=None):
     impl = pick(query.device, npu=recurrent_gated_delta_rule_npu,
-                reference=recurrent_gated_delta_rule_reference,
+                reference=recurrent_gated_delta_rule_emulated,
                 meta=recurrent_gated_delta_rule_meta)
     return impl(query, key, value, state, beta=beta, scale=scale,
                 actual_seq_lengths=actual_seq_lengths, ssm_state_indices=ssm_state_indices,
