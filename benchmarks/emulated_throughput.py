@@ -1,10 +1,13 @@
 """Emulated plugin vs vLLM's own CPU backend: same offline workload, one run.
 
-    python benchmarks/emulated_throughput.py [--long] [--skip-op] [--skip-py]
+    python benchmarks/emulated_throughput.py [--long] [--skip-op] [--skip-py] [--rounds N]
 
 Each engine runs in its own subprocess (vLLM picks its platform once per
 process): the tiny embedded model, fp32, 32 concurrent prompts of varied length,
-chunked prefill; throughput is the median of 5 passes. Prints stock vLLM's
+chunked prefill; a process's throughput is the median of 5 passes, and a figure is
+the median over ``--rounds`` processes (default 3) started in turn (stock,
+compiled, Python references, stock, ...): on a small machine one process differs
+from the next by up to ~20%, its passes much less. Prints stock vLLM's
 throughput, the emulated plugin's with its compiled kernels and (unless
 ``--skip-py``) with the Python references forced (``ASCEND_EXT_PY_REFERENCE=1``),
 and their ratios to stock (target: compiled >= 0.8x). ``--long`` adds the same
@@ -19,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -28,7 +32,7 @@ WORKLOADS = {
     "standard": (32, (16, 256), 32, 256, 1024),
     "long-2k": (32, (1536, 2048), 16, 512, 4096),
 }
-REPEATS = 5
+REPEATS = int(os.environ.get("BENCH_REPEATS", "5"))
 
 
 def engine_run(workload: str) -> dict:
@@ -56,13 +60,13 @@ def engine_run(workload: str) -> dict:
     tokens = sum(len(p["prompt_token_ids"]) for p in prompts) + sum(
         len(o.outputs[0].token_ids) for o in outs)
     return {"platform": type(current_platform).__name__, "seconds": dt, "tokens": tokens,
-            "tok_per_s": tokens / dt}
+            "tok_per_s": tokens / dt, "passes": times}
 
 
 def spawn(workload: str, emulate: bool, python_refs: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_EXT_")}
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="2",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_USE_AOT_COMPILE="0")
     if emulate:
         env["ASCEND_EXT_EMULATE"] = "1"
     if python_refs:
@@ -150,23 +154,35 @@ def main() -> None:
     ap.add_argument("--long", action="store_true")
     ap.add_argument("--skip-op", action="store_true")
     ap.add_argument("--skip-py", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(engine_run(args.child)))
         return
     names = ["standard"] + (["long-2k"] if args.long else [])
-    print(f"{'workload':<10} {'stock tok/s':>12} {'compiled tok/s':>15} {'ratio':>6}"
-          + ("" if args.skip_py else f" {'Python refs tok/s':>20} {'ratio':>6}"), flush=True)
+    configs = [("stock", False, False), ("compiled", True, False)]
+    if not args.skip_py:
+        configs.append(("Python refs", True, True))
+    print(f"{'workload':<10}" + "".join(f" {name + ' tok/s':>18}" + ("" if name == "stock" else
+                                        f" {'ratio':>6}") for name, _, _ in configs),
+          flush=True)
     for name in names:
-        stock, emu = spawn(name, False), spawn(name, True)
-        assert stock["platform"] == "CpuPlatform", stock
-        assert emu["platform"] == "EmulatedAscendPlatform", emu
-        line = (f"{name:<10} {stock['tok_per_s']:>12.1f} {emu['tok_per_s']:>15.1f} "
-                f"{emu['tok_per_s'] / stock['tok_per_s']:>6.2f}")
-        if not args.skip_py:
-            py = spawn(name, True, python_refs=True)
-            line += f" {py['tok_per_s']:>20.1f} {py['tok_per_s'] / stock['tok_per_s']:>6.2f}"
+        got: dict[str, list[float]] = {c[0]: [] for c in configs}
+        for _ in range(args.rounds):
+            for cname, emulate, py in configs:
+                res = spawn(name, emulate, python_refs=py)
+                want = "EmulatedAscendPlatform" if emulate else "CpuPlatform"
+                assert res["platform"] == want, res
+                got[cname].append(res["tok_per_s"])
+        med = {c: statistics.median(v) for c, v in got.items()}
+        line = f"{name:<10}"
+        for cname, _, _ in configs:
+            line += f" {med[cname]:>18.1f}"
+            if cname != "stock":
+                line += f" {med[cname] / med['stock']:>6.2f}"
         print(line, flush=True)
+        print("  per process: " + "; ".join(
+            f"{c} " + " ".join(f"{v:.0f}" for v in vals) for c, vals in got.items()), flush=True)
     if not args.skip_op:
         import torch
 

@@ -12,12 +12,16 @@ from vllm_ascend_ext.ops.kv_cache import ScatterKvCacheError, npu_scatter_pa_kv_
 @pytest.mark.parametrize("bs", [16, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
-def test_writes_each_token_at_its_slot(bs, dtype, slot_dtype):
+@pytest.mark.parametrize("strided", [False, True])
+def test_writes_each_token_at_its_slot(bs, dtype, slot_dtype, strided):
     torch.manual_seed(0)
     nb, nkv, d, T = 5, 2, 64, 23
     key, value = torch.randn(T, nkv, d).to(dtype), torch.randn(T, nkv, d).to(dtype)
     slots = torch.randperm(nb * bs)[:T].to(slot_dtype)
     kc, vc = torch.zeros(nb, bs, nkv, d, dtype=dtype), torch.zeros(nb, bs, nkv, d, dtype=dtype)
+    if strided:  # caches that are views with gaps between blocks (no row-order copy)
+        kc = torch.zeros(nb, bs + 3, nkv, d, dtype=dtype)[:, :bs]
+        vc = torch.zeros(nb, bs + 3, nkv, d, dtype=dtype)[:, :bs]
     npu_scatter_pa_kv_cache(key, value, kc, vc, slots)
     exp_k, exp_v = torch.zeros_like(kc), torch.zeros_like(vc)
     for t in range(T):

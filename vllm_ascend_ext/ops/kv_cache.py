@@ -65,15 +65,18 @@ def scatter_pa_kv_cache_reference(key, value, key_cache, value_cache, slot_mappi
                                   cache_mode="PA_NZ"):
     _check(key, value, key_cache, value_cache, slot_mapping, cache_mode)
     rows = key_cache.shape[0] * key_cache.shape[1]
-    if slot_mapping.numel() and (int(slot_mapping.min()) < 0
-                                 or int(slot_mapping.max()) >= rows):
-        raise ScatterKvCacheError(
-            f"{OP}: slots must lie in [0, {rows - 1}] (no padding slots), got "
-            f"[{int(slot_mapping.min())}, {int(slot_mapping.max())}]")
+    if slot_mapping.numel():
+        lo, hi = (int(x) for x in torch.aminmax(slot_mapping))
+        if lo < 0 or hi >= rows:
+            raise ScatterKvCacheError(
+                f"{OP}: slots must lie in [0, {rows - 1}] (no padding slots), got [{lo}, {hi}]")
     slots = slot_mapping.long()
-    bs = key_cache.shape[1]
-    key_cache[slots // bs, slots % bs] = key
-    value_cache[slots // bs, slots % bs] = value
+    for src, cache in ((key, key_cache), (value, value_cache)):
+        if cache.is_contiguous():  # cache rows in slot order: one row copy per token
+            cache.view(rows, -1).index_copy_(0, slots, src.reshape(src.shape[0], -1))
+        else:
+            bs = cache.shape[1]
+            cache[slots // bs, slots % bs] = src
 
 
 def scatter_pa_kv_cache_meta(key, value, key_cache, value_cache, slot_mapping, *,
