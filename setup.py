@@ -12,6 +12,7 @@ import os
 import platform
 import shutil
 import sys
+from pathlib import Path
 
 from setuptools import find_packages, setup
 
@@ -22,10 +23,10 @@ SOURCES = ["csrc/module.cpp", "csrc/registration.cpp", "csrc/mla_prolog_v3_k3.cp
 # The emulation kernels' vector paths: one source compiled per CPU capability (as ATen
 # does), the AVX2 + FMA one only on x86-64 and chosen at run time by CPUID.
 X86 = platform.machine().lower() in ("x86_64", "amd64")
-AVX2_SOURCE = "csrc/emu_attention_avx2.cpp"
+AVX2_SOURCE = "csrc/x86_avx2/emu_attention.cpp"  # sorts last: linked last (see the file)
 PER_SOURCE_FLAGS = {
-    "emu_attention_default.cpp": ["-DCPU_CAPABILITY=DEFAULT"],
-    "emu_attention_avx2.cpp": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
+    "csrc/emu_attention_default.cpp": ["-DCPU_CAPABILITY=DEFAULT"],
+    AVX2_SOURCE: ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
 }
 # OpenMP: ATen's at::parallel_for is an inline template that runs serially in an
 # extension built without it. -O3 lets the portable path's loops vectorise.
@@ -88,7 +89,8 @@ def _extension():
             compile_one = self.compiler._compile
 
             def with_source_flags(obj, src, ext_, cc_args, extra_postargs, pp_opts):
-                extra = PER_SOURCE_FLAGS.get(os.path.basename(src), [])
+                rel = os.path.relpath(os.path.abspath(src), os.path.dirname(os.path.abspath(__file__)))
+                extra = PER_SOURCE_FLAGS.get(rel.replace(os.sep, "/"), [])
                 return compile_one(obj, src, ext_, cc_args, list(extra_postargs) + extra, pp_opts)
 
             self.compiler._compile = with_source_flags
@@ -104,7 +106,7 @@ def _extension():
                      "is NOT built. The plugin runs on its Python references; install a "
                      "compiler (g++) and reinstall to build it.")
                 return
-            if not _compiler_takes(compiler, FAST_FLAGS + PER_SOURCE_FLAGS["emu_attention_avx2.cpp"]
+            if not _compiler_takes(compiler, FAST_FLAGS + PER_SOURCE_FLAGS[AVX2_SOURCE]
                                    if X86 else FAST_FLAGS):
                 _say(f"{compiler} does not take {FAST_FLAGS} (and the AVX2 flags): building "
                      "_C_ascend_ext without OpenMP and the AVX2 path (serial kernels).")
@@ -122,6 +124,7 @@ def _extension():
         EXT_NAME, SOURCES + ([AVX2_SOURCE] if X86 else []),
         extra_compile_args=FAST_FLAGS + ["-fvisibility=hidden"],
         extra_link_args=["-fopenmp"],
+        depends=sorted(str(p) for p in Path("csrc").rglob("*.h")),  # header edits rebuild
         define_macros=macros + ([("ASCEND_EXT_WITH_AVX2", "1")] if X86 else []),
     )
     print(f"vllm-ascend-ext: building {EXT_NAME} (CPU + Meta kernels"

@@ -18,17 +18,20 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
 
-def emulate_requested() -> bool:
-    """True when ``ASCEND_EXT_EMULATE`` asks for the emulated (CPU) platform."""
-    raw = os.environ.get(EMULATE, "").strip().lower()
+def _flag(name: str) -> bool:
+    """A boolean variable: unset / 0 / false / no / off, or 1 / true / yes / on."""
+    raw = os.environ.get(name, "").strip().lower()
     if raw in _TRUE:
         return True
     if raw in _FALSE:
         return False
     raise AscendExtError(
-        f"{EMULATE}={os.environ[EMULATE]!r}: expected one of "
-        f"{', '.join(_TRUE + _FALSE[1:])}"
-    )
+        f"{name}={os.environ[name]!r}: expected one of {', '.join(_TRUE + _FALSE[1:])}")
+
+
+def emulate_requested() -> bool:
+    """True when ``ASCEND_EXT_EMULATE`` asks for the emulated (CPU) platform."""
+    return _flag(EMULATE)
 
 
 def emulated_soc_name() -> str | None:
@@ -57,12 +60,4 @@ PY_REFERENCE = "ASCEND_EXT_PY_REFERENCE"
 def python_reference_forced() -> bool:
     """True when ``ASCEND_EXT_PY_REFERENCE`` forces the Python references of the emulation
     kernels (``_C_ascend_ext.emu_*``): for debugging, and for the tests comparing them."""
-    raw = os.environ.get(PY_REFERENCE, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise AscendExtError(
-        f"{PY_REFERENCE}={os.environ[PY_REFERENCE]!r}: expected one of "
-        f"{', '.join(_TRUE + _FALSE[1:])}"
-    )
+    return _flag(PY_REFERENCE)

@@ -27,6 +27,7 @@ from vllm_ascend_ext.ops.compiled import emulation_kernel
 from vllm_ascend_ext.ops.fia_checks import UNSUPPORTED_OPTIONALS, FIAPlan, check_fia
 
 INT_MAX = 2147483647
+_FAR = 1 << 40  # pre/next tokens beyond any sequence: the kernel's int64 sums cannot overflow
 # Upper bound on score elements materialized at once by the reference (fp32).
 _SCORE_BUDGET = 1 << 24
 # Padded score elements a merged bucket may add before two buckets stay separate
@@ -203,7 +204,7 @@ def fia_emulated(
     """The emulation's FIA: the compiled kernel after the reference's checks, or the
     reference itself (same arguments, same results)."""
     kernel = emulation_kernel("emu_fused_infer_attention_score", query.device)
-    if kernel is None or key.shape[0] == 0:
+    if kernel is None or key.shape[0] == 0 or key.stride(-1) != 1 or value.stride(-1) != 1:
         return fia_reference(
             query, key, value, atten_mask=atten_mask, actual_seq_lengths=actual_seq_lengths,
             actual_seq_lengths_kv=actual_seq_lengths_kv, block_table=block_table,
@@ -220,8 +221,9 @@ def fia_emulated(
     return kernel(
         query, key, value, block_table if plan.paged else None, list(plan.cu_q),
         list(plan.kv_lens), list(plan.cu_kv) if plan.cu_kv is not None else None, mask2d,
-        num_kv_heads=plan.num_kv_heads, sparse_mode=sparse_mode, pre_tokens=pre_tokens,
-        next_tokens=next_tokens, scale=float(scale), block_size=plan.block_size,
+        num_kv_heads=plan.num_kv_heads, sparse_mode=sparse_mode,
+        pre_tokens=min(pre_tokens, _FAR), next_tokens=min(next_tokens, _FAR),
+        scale=float(scale), block_size=plan.block_size,
         softmax_lse_flag=softmax_lse_flag)
 
 

@@ -124,7 +124,26 @@ def recurrent_gated_delta_rule_emulated(query, key, value, state, *, beta=None, 
     lens, slots, accepted, starts = _host_plan(query.shape[0], actual_seq_lengths,
                                                ssm_state_indices, num_accepted_tokens)
     init = [slots[s + a - 1] if n > 0 else 0 for s, a, n in zip(starts, accepted, lens)]
+    if not _slots_private(slots, starts, lens, init, state.shape[0]):
+        return recurrent_gated_delta_rule_reference(
+            query, key, value, state, beta=beta, scale=scale,
+            actual_seq_lengths=actual_seq_lengths, ssm_state_indices=ssm_state_indices,
+            num_accepted_tokens=num_accepted_tokens, g=g, gk=gk)
     return kernel(query, key, value, state, beta, g, float(scale), starts, lens, slots, init)
+
+
+def _slots_private(slots, starts, lens, init, n_slots) -> bool:
+    """Whether every request reads and writes slots no other request touches, all inside
+    the state (the builder's guarantee; the kernel runs requests in parallel). Otherwise
+    the reference runs, whose order is defined (all initial reads, then writes in order)."""
+    owner: dict[int, int] = {}
+    for r, (s, n) in enumerate(zip(starts, lens)):
+        if n == 0:
+            continue
+        for slot in slots[s:s + n] + [init[r]]:
+            if not 0 <= slot < n_slots or owner.setdefault(slot, r) != r:
+                return False
+    return True
 
 
 def recurrent_gated_delta_rule_reference(query, key, value, state, *, beta=None, scale=None,

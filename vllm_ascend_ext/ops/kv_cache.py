@@ -72,7 +72,7 @@ def scatter_pa_kv_cache_reference(key, value, key_cache, value_cache, slot_mappi
                 f"{OP}: slots must lie in [0, {rows - 1}] (no padding slots), got [{lo}, {hi}]")
     slots = slot_mapping.long()
     for src, cache in ((key, key_cache), (value, value_cache)):
-        if cache.is_contiguous():  # cache rows in slot order: one row copy per token
+        if cache.is_contiguous() and src.dtype == cache.dtype:  # one row copy per token
             cache.view(rows, -1).index_copy_(0, slots, src.reshape(src.shape[0], -1))
         else:
             bs = cache.shape[1]
