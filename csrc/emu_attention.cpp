@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
-#include <limits>
 
 namespace ascend_ext_emu {
 namespace {
@@ -102,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor> fia_emu_kernel(
     a.mask = mask.data_ptr<uint8_t>(), a.mask_rows = mask.size(0), a.mask_cols = mask.size(1);
   }
   a.cu_q = cu.data(), a.kv_lens = lens.data();
-  a.B = B, a.N = N, a.KVN = num_kv_heads, a.D = D, a.DV = DV;
+  a.N = N, a.KVN = num_kv_heads, a.D = D, a.DV = DV;
   a.sparse_mode = sparse_mode, a.pre = pre_tokens, a.nxt = next_tokens;
   a.scale = static_cast<float>(scale);
   a.out = out.data_ptr();
@@ -119,26 +118,20 @@ std::tuple<at::Tensor, at::Tensor> fia_emu_kernel(
   const int64_t rows_per = per_head ? std::max<int64_t>(1, kTileVectors / G) : tile;
   const int64_t head_step = per_head ? 1 : num_kv_heads;
   std::vector<FiaItem> items;
-  std::vector<int64_t> cost;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t q_len = cu[b + 1] - cu[b];
-    for (int64_t r0 = 0; r0 < q_len; r0 += rows_per) {
-      const int64_t r1 = std::min(q_len, r0 + rows_per);
-      for (int64_t h = 0; h < num_kv_heads; h += head_step) {
-        items.push_back({b, h, h + head_step, r0, r1});
-        cost.push_back((r1 - r0) * head_step * std::max<int64_t>(1, lens[b]));
-      }
-    }
+    for (int64_t r0 = 0; r0 < q_len; r0 += rows_per)
+      for (int64_t h = 0; h < num_kv_heads; h += head_step)
+        items.push_back({b, h, h + head_step, r0, std::min(q_len, r0 + rows_per)});
   }
-  std::vector<size_t> order(items.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return cost[x] > cost[y]; });
-  std::vector<FiaItem> sorted;
-  sorted.reserve(items.size());
-  for (size_t i : order) sorted.push_back(items[i]);
+  auto cost = [&](const FiaItem& it) {  // query vectors x keys
+    return (it.r1 - it.r0) * (it.h1 - it.h0) * std::max<int64_t>(1, lens[it.b]);
+  };
+  std::stable_sort(items.begin(), items.end(),
+                   [&](const FiaItem& x, const FiaItem& y) { return cost(x) > cost(y); });
 
-  const int64_t used = use_avx2() ? AVX2::fia_run(a, sorted, query.scalar_type())
-                                  : DEFAULT::fia_run(a, sorted, query.scalar_type());
+  const int64_t used = use_avx2() ? AVX2::fia_run(a, items, query.scalar_type())
+                                  : DEFAULT::fia_run(a, items, query.scalar_type());
   g_emu_last_threads.store(used);
   return {out, lse};
 }

@@ -34,7 +34,7 @@ struct FiaArgs {
   const int64_t* cu_q = nullptr;     // [B + 1]
   const int64_t* kv_lens = nullptr;  // [B]
   const int64_t* kv_start = nullptr; // packed K/V: [B] first row of each request
-  int64_t B = 0, N = 0, KVN = 0, D = 0, DV = 0;
+  int64_t N = 0, KVN = 0, D = 0, DV = 0;
   const uint8_t* mask = nullptr;  // sparse_mode 0 with an explicit mask (nonzero = masked)
   int64_t mask_rows = 0, mask_cols = 0;
   int64_t sparse_mode = 0, pre = 0, nxt = 0;

@@ -113,23 +113,20 @@ def recurrent_gated_delta_rule_emulated(query, key, value, state, *, beta=None, 
     gated_delta_rule``, fp32 work, ``csrc/emu_gdn.cpp``) after the reference's checks, or
     the reference itself (float64 inputs, no library, ``ASCEND_EXT_PY_REFERENCE=1``)."""
     kernel = emulation_kernel("emu_recurrent_gated_delta_rule", query.device)
-    if (kernel is None or work_dtype(query) != torch.float32 or state.dtype == torch.float64
-            or state.stride(-1) != 1):
-        return recurrent_gated_delta_rule_reference(
-            query, key, value, state, beta=beta, scale=scale,
-            actual_seq_lengths=actual_seq_lengths, ssm_state_indices=ssm_state_indices,
-            num_accepted_tokens=num_accepted_tokens, g=g, gk=gk)
-    _check(query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
-           num_accepted_tokens, g, gk)
-    lens, slots, accepted, starts = _host_plan(query.shape[0], actual_seq_lengths,
-                                               ssm_state_indices, num_accepted_tokens)
-    init = [slots[s + a - 1] if n > 0 else 0 for s, a, n in zip(starts, accepted, lens)]
-    if not _slots_private(slots, starts, lens, init, state.shape[0]):
-        return recurrent_gated_delta_rule_reference(
-            query, key, value, state, beta=beta, scale=scale,
-            actual_seq_lengths=actual_seq_lengths, ssm_state_indices=ssm_state_indices,
-            num_accepted_tokens=num_accepted_tokens, g=g, gk=gk)
-    return kernel(query, key, value, state, beta, g, float(scale), starts, lens, slots, init)
+    if (kernel is not None and work_dtype(query) == torch.float32
+            and state.dtype != torch.float64 and state.stride(-1) == 1):
+        _check(query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
+               num_accepted_tokens, g, gk)
+        lens, slots, accepted, starts = _host_plan(query.shape[0], actual_seq_lengths,
+                                                   ssm_state_indices, num_accepted_tokens)
+        init = [slots[s + a - 1] if n > 0 else 0 for s, a, n in zip(starts, accepted, lens)]
+        if _slots_private(slots, starts, lens, init, state.shape[0]):
+            return kernel(query, key, value, state, beta, g, float(scale), starts, lens, slots,
+                          init)
+    return recurrent_gated_delta_rule_reference(
+        query, key, value, state, beta=beta, scale=scale,
+        actual_seq_lengths=actual_seq_lengths, ssm_state_indices=ssm_state_indices,
+        num_accepted_tokens=num_accepted_tokens, g=g, gk=gk)
 
 
 def _slots_private(slots, starts, lens, init, n_slots) -> bool:
