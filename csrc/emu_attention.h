@@ -4,7 +4,9 @@
 //                                     BnNBsD or packed K/V; sparse_mode 0/2/3/4; GQA; LSE)
 //   emu_recurrent_gated_delta_rule    the CPU kernel behind the reference of torch_npu's
 //                                     npu_recurrent_gated_delta_rule (csrc/emu_gdn.cpp)
-// Semantics: vllm_ascend_ext/ops/fia.py, ops/gdn_recurrent.py (the Python reference, the readable truth; the
+//   emu_scatter_pa_kv_cache           the CPU kernel behind the reference of torch_npu's
+//                                     npu_scatter_pa_kv_cache, ND mode (csrc/emu_kv_cache.cpp)
+// Semantics: vllm_ascend_ext/ops/fia.py, ops/gdn_recurrent.py, ops/kv_cache.py (the Python reference, the readable truth; the
 // argument checks stay in Python, ops/fia_checks.py, and run before this kernel). These
 // are emulation kernels: registered for CPU only, never an NPU operator.
 #pragma once
@@ -67,6 +69,10 @@ at::Tensor gdr_emu_kernel(const at::Tensor& query, const at::Tensor& key, const 
                           const at::Tensor& state, const at::Tensor& beta,
                           const std::optional<at::Tensor>& g, double scale, at::IntArrayRef starts,
                           at::IntArrayRef lens, at::IntArrayRef slots, at::IntArrayRef init_slots);
+
+void scatter_kv_emu_kernel(const at::Tensor& key, const at::Tensor& value,
+                           const at::Tensor& key_cache, const at::Tensor& value_cache,
+                           const at::Tensor& slot_mapping);
 
 // Threads that took part in the last emu_ kernel call (set by each kernel), and which
 // vector path the attention kernel takes.

@@ -38,6 +38,9 @@ TORCH_LIBRARY(_C_ascend_ext, m) {
       "emu_recurrent_gated_delta_rule(Tensor query, Tensor key, Tensor value, Tensor(a!) state, "
       "Tensor beta, Tensor? g, float scale, int[] starts, int[] lens, int[] slots, "
       "int[] init_slots) -> Tensor");
+  m.def(
+      "emu_scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
+      "Tensor(b!) value_cache, Tensor slot_mapping) -> ()");
   m.def("emu_last_threads() -> int", &ascend_ext_emu::emu_last_threads);
   m.def("emu_vector_path() -> str", &ascend_ext_emu::emu_vector_path);
 }
@@ -48,6 +51,7 @@ TORCH_LIBRARY_IMPL(_C_ascend_ext, CPU, m) {
   m.impl("npu_recurrent_gated_delta_rule_ext", &ascend_ext_gdn::recurrent_gdr_ext_kernel);
   m.impl("emu_fused_infer_attention_score", &ascend_ext_emu::fia_emu_kernel);
   m.impl("emu_recurrent_gated_delta_rule", &ascend_ext_emu::gdr_emu_kernel);
+  m.impl("emu_scatter_pa_kv_cache", &ascend_ext_emu::scatter_kv_emu_kernel);
 }
 
 TORCH_LIBRARY_IMPL(_C_ascend_ext, Meta, m) {

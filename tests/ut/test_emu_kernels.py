@@ -354,3 +354,55 @@ def test_fia_key_with_a_strided_last_dimension_takes_the_reference():
     with emulation_path("compiled"):
         got = fia_emulated(q, k, v, **kw)[0]
     assert torch.equal(got, fia_reference(q, k, v, **kw)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("gap", [0, 3])  # contiguous caches; blocks strided apart
+def test_compiled_cache_write_equals_reference_and_a_loop(dtype, slot_dtype, gap):
+    from vllm_ascend_ext.ops import kv_cache as kv_mod
+
+    torch.manual_seed(1)
+    nb, bs, nkv, d, T = 6, 16, 2, 64, 37
+    key, value = torch.randn(T, nkv, d).to(dtype), torch.randn(T, nkv, d).to(dtype)
+    slots = torch.randperm(nb * bs)[:T].to(slot_dtype)
+
+    def caches():
+        return tuple(torch.randn(nb, bs + gap, nkv, d).to(dtype)[:, :bs] for _ in range(2))
+
+    torch.manual_seed(2)
+    kc, vc = caches()
+    torch.manual_seed(2)
+    rk, rv = caches()
+    exp_k, exp_v = rk.clone(), rv.clone()
+    with _no_fallback(kv_mod, "scatter_pa_kv_cache_reference"):
+        kv_mod.npu_scatter_pa_kv_cache(key, value, kc, vc, slots)
+    kv_mod.scatter_pa_kv_cache_reference(key, value, rk, rv, slots, cache_mode="Norm")
+    for t in range(T):
+        s = int(slots[t])
+        exp_k[s // bs, s % bs], exp_v[s // bs, s % bs] = key[t], value[t]
+    assert torch.equal(kc, rk) and torch.equal(vc, rv)
+    assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v)
+
+
+def test_compiled_cache_write_refuses_a_padding_slot_and_writes_nothing():
+    from vllm_ascend_ext.ops import kv_cache as kv_mod
+
+    kc, vc = torch.zeros(2, 16, 1, 64), torch.zeros(2, 16, 1, 64)
+    with _no_fallback(kv_mod, "scatter_pa_kv_cache_reference"), pytest.raises(
+            kv_mod.ScatterKvCacheError, match=r"slots must lie in \[0, 31\].*\[2\] = 32"):
+        kv_mod.npu_scatter_pa_kv_cache(torch.ones(3, 1, 64), torch.ones(3, 1, 64), kc, vc,
+                                       torch.tensor([3, 4, 32], dtype=torch.int32))
+    assert not kc.any() and not vc.any()
+
+
+def test_cache_write_from_strided_rows_is_still_exact():
+    """Token rows that are not contiguous (a split of a fused projection) are the
+    reference's: the kernel copies whole rows."""
+    from vllm_ascend_ext.ops import kv_cache as kv_mod
+
+    key = torch.randn(4, 2, 128)[:, :, :64]
+    kc, vc = torch.zeros(2, 16, 2, 64), torch.zeros(2, 16, 2, 64)
+    with emulation_path("compiled"):
+        kv_mod.npu_scatter_pa_kv_cache(key, key, kc, vc, torch.tensor([0, 5, 17, 31]))
+    assert torch.equal(kc[0, 5], key[1]) and torch.equal(vc[1, 15], key[3])

@@ -233,3 +233,30 @@ def test_bucket_plan_covers_every_request_once_and_merges_small_ones():
     assert flat == [0, 1, 2, 3, 4, 6]  # the zero-query padding request is skipped
     assert any({0, 3} <= set(g) for g in groups)  # short decodes share one call
     assert not any({0, 4} <= set(g) for g in groups)  # no decode padded to 200 rows
+
+
+def test_plan_memo_checks_once_per_step_and_never_hides_a_bad_call(monkeypatch):
+    """Layers of a step pass the same host tuples: the per-request checks run once; a
+    call whose shapes differ is checked again (and refused), lists are never memoized."""
+    from vllm_ascend_ext.ops import fia_checks
+
+    calls = []
+    real = fia_checks.check_fia
+    monkeypatch.setattr(fia_checks, "check_fia", lambda *a, **k: calls.append(1) or real(*a, **k))
+    memo = fia_checks.PlanMemo()
+    q, k = torch.randn(3, 4, 64), torch.randn(2, 16, 2 * 64)
+    table = torch.zeros(2, 1, dtype=torch.int32)
+    kw = dict(atten_mask=None, actual_seq_lengths=(1, 3), actual_seq_lengths_kv=(5, 16),
+              block_table=table, num_heads=4, input_layout="TND", num_key_value_heads=2,
+              sparse_mode=0, block_size=16, unsupported={})
+    plan = memo.check(q, k, k, **kw)
+    assert memo.check(q, k, k, **kw) is plan and len(calls) == 1
+    with pytest.raises(FIAArgumentError, match="16 heads but num_heads=4"):
+        memo.check(torch.randn(3, 16, 64), k, k, **kw)
+    with pytest.raises(FIAArgumentError, match="outside 0..16"):
+        memo.check(q, k, k, **{**kw, "actual_seq_lengths_kv": (5, 17)})
+    lists = {**kw, "actual_seq_lengths": [1, 3]}
+    memo.check(q, k, k, **lists)
+    lists["actual_seq_lengths"][1] = 4  # a list can change in place: checked every time
+    with pytest.raises(FIAArgumentError, match="must equal the packed token count 3"):
+        memo.check(q, k, k, **lists)

@@ -39,7 +39,7 @@ from vllm_ascend_ext.platform.soc import Soc
 # torch_npu operator -> the plugin's reference of the same signature.
 REFERENCES = {
     "npu_fused_infer_attention_score": "vllm_ascend_ext.ops.fia:fia_emulated",
-    "npu_scatter_pa_kv_cache": "vllm_ascend_ext.ops.kv_cache:scatter_pa_kv_cache_reference",
+    "npu_scatter_pa_kv_cache": "vllm_ascend_ext.ops.kv_cache:scatter_pa_kv_cache_emulated",
     "npu_kv_rmsnorm_rope_cache":
         "vllm_ascend_ext.ops.kv_rmsnorm_rope_cache:kv_rmsnorm_rope_cache_reference",
     "npu_mla_prolog_v3": "vllm_ascend_ext.ops.mla_prolog:mla_prolog_v3_reference",

@@ -24,7 +24,7 @@ import torch
 
 from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
 from vllm_ascend_ext.ops.compiled import emulation_kernel
-from vllm_ascend_ext.ops.fia_checks import UNSUPPORTED_OPTIONALS, FIAPlan, check_fia
+from vllm_ascend_ext.ops.fia_checks import UNSUPPORTED_OPTIONALS, FIAPlan, PlanMemo
 
 INT_MAX = 2147483647
 _FAR = 1 << 40  # pre/next tokens beyond any sequence: the kernel's int64 sums cannot overflow
@@ -219,8 +219,8 @@ def fia_emulated(
     if sparse_mode == 0 and atten_mask is not None:
         mask2d = atten_mask.reshape(-1, *atten_mask.shape[-2:])[0]
     return kernel(
-        query, key, value, block_table if plan.paged else None, list(plan.cu_q),
-        list(plan.kv_lens), list(plan.cu_kv) if plan.cu_kv is not None else None, mask2d,
+        query, key, value, block_table if plan.paged else None, plan.cu_q,
+        plan.kv_lens, plan.cu_kv, mask2d,
         num_kv_heads=plan.num_kv_heads, sparse_mode=sparse_mode,
         pre_tokens=min(pre_tokens, _FAR), next_tokens=min(next_tokens, _FAR),
         scale=float(scale), block_size=plan.block_size,
@@ -255,13 +255,17 @@ def _check(query, key, value, atten_mask, actual_seq_lengths, actual_seq_lengths
     unknown = set(optionals) - set(UNSUPPORTED_OPTIONALS)
     if unknown:
         raise TypeError(f"npu_fused_infer_attention_score: unexpected arguments {sorted(unknown)}")
-    return check_fia(
+    return _PLANS.check(
         query, key, value, atten_mask=atten_mask, actual_seq_lengths=actual_seq_lengths,
         actual_seq_lengths_kv=actual_seq_lengths_kv, block_table=block_table,
         num_heads=num_heads, input_layout=input_layout,
         num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
         block_size=block_size, unsupported=optionals,
     )
+
+
+# The layers of a step share their host tuples: their checks run once per step.
+_PLANS = PlanMemo()
 
 
 def npu_fused_infer_attention_score(

@@ -196,3 +196,43 @@ def check_fia(
         value_head_size=dv, q_lens=q_lens, kv_lens=kv_lens, cu_q=cu_q, cu_kv=cu_kv,
         paged=paged, block_size=block_size,
     )
+
+
+class PlanMemo:
+    """:func:`check_fia`'s last plan, reused while the same host tuples and the same
+    tensor shapes come back.
+
+    Every layer of a step passes the step's own tuples (the builder makes them once),
+    so the per-request checks run once per step instead of once per layer. The checks
+    read only shapes, dtypes, the scalar arguments and the host lists, and a tuple of
+    ints cannot change: a hit (same tuple objects, equal signature) is the same check.
+    Lists, tensors in the lists and the unsupported optionals are never memoized.
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple | None = None  # (cu_q tuple, kv tuple, signature, plan)
+
+    def check(self, query, key, value, *, atten_mask, actual_seq_lengths,
+              actual_seq_lengths_kv, block_table, num_heads, input_layout,
+              num_key_value_heads, sparse_mode, block_size, unsupported) -> FIAPlan:
+        sig = (query.dtype, query.shape, key.dtype, key.shape, value.dtype, value.shape,
+               None if atten_mask is None else (atten_mask.dtype, atten_mask.shape),
+               None if block_table is None else (block_table.dtype, block_table.shape),
+               num_heads, input_layout, num_key_value_heads, sparse_mode, block_size)
+        last = self._last
+        if (last is not None and last[0] is actual_seq_lengths
+                and last[1] is actual_seq_lengths_kv and last[2] == sig and not unsupported):
+            return last[3]
+        plan = check_fia(
+            query, key, value, atten_mask=atten_mask, actual_seq_lengths=actual_seq_lengths,
+            actual_seq_lengths_kv=actual_seq_lengths_kv, block_table=block_table,
+            num_heads=num_heads, input_layout=input_layout,
+            num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
+            block_size=block_size, unsupported=unsupported)
+        if not unsupported and _int_tuple(actual_seq_lengths) and _int_tuple(actual_seq_lengths_kv):
+            self._last = (actual_seq_lengths, actual_seq_lengths_kv, sig, plan)
+        return plan
+
+
+def _int_tuple(values) -> bool:
+    return type(values) is tuple and all(type(v) is int for v in values)

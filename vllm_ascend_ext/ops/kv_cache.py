@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops.compiled import emulation_kernel
 from vllm_ascend_ext.ops.counting import npu_op
 
 OP = "npu_scatter_pa_kv_cache"
@@ -79,6 +80,29 @@ def scatter_pa_kv_cache_reference(key, value, key_cache, value_cache, slot_mappi
             cache[slots // bs, slots % bs] = src
 
 
+def _rows_contiguous(t: torch.Tensor) -> bool:
+    return t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]
+
+
+def scatter_pa_kv_cache_emulated(key, value, key_cache, value_cache, slot_mapping, *,
+                                 cache_mode="PA_NZ"):
+    """The emulation's cache write: the compiled kernel (``csrc/emu_kv_cache.cpp``: checks
+    every slot, then one row copy per token, blocks read through their strides, as the
+    backend's plane views are) after the reference's checks, or the reference itself."""
+    kernel = emulation_kernel("emu_scatter_pa_kv_cache", key.device)
+    caches_ok = all(_rows_contiguous(t) and t.stride(1) == t.shape[2] * t.shape[3]
+                    for t in (key_cache, value_cache) if t.dim() == 4)
+    if (kernel is None or not caches_ok or not _rows_contiguous(key)
+            or not _rows_contiguous(value)):
+        return scatter_pa_kv_cache_reference(key, value, key_cache, value_cache, slot_mapping,
+                                             cache_mode=cache_mode)
+    _check(key, value, key_cache, value_cache, slot_mapping, cache_mode)
+    try:
+        kernel(key, value, key_cache, value_cache, slot_mapping)
+    except RuntimeError as exc:  # a slot outside the cache: the reference's error type
+        raise ScatterKvCacheError(f"{OP}: {exc}".split("\n")[0]) from None
+
+
 def scatter_pa_kv_cache_meta(key, value, key_cache, value_cache, slot_mapping, *,
                              cache_mode="PA_NZ", **_):
     _check(key, value, key_cache, value_cache, slot_mapping, cache_mode)
@@ -95,6 +119,6 @@ def npu_scatter_pa_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: t
                             cache_mode: str = "Norm") -> None:
     """torch_npu's positional tensors; ``cache_mode`` defaults to the ND mode the plugin's
     caches need (torch_npu's own default is ``"PA_NZ"``)."""
-    impl = pick(key.device, npu=scatter_pa_kv_cache_npu, reference=scatter_pa_kv_cache_reference,
+    impl = pick(key.device, npu=scatter_pa_kv_cache_npu, reference=scatter_pa_kv_cache_emulated,
                 meta=scatter_pa_kv_cache_meta)
     impl(key, value, key_cache, value_cache, slot_mapping, cache_mode=cache_mode)

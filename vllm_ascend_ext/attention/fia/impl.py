@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-from torch.profiler import record_function
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 
 from vllm_ascend_ext.attention.fia.graph_tasks import graph_key
 from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
 from vllm_ascend_ext.attention.kv_layout import plane_views
+from vllm_ascend_ext.attention.trace import trace_range
 from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
 from vllm_ascend_ext.ops.kv_cache import npu_scatter_pa_kv_cache
 
@@ -89,12 +89,12 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
         if n == 0:
             return output
         if md.split is None:
-            with record_function("ascend_ext.fia_mixed.single"):
+            with trace_range("ascend_ext.fia_mixed.single"):
                 self._fia(query, output, key_cache, value_cache, md, 0, n, 0, md.num_reqs,
                           md.actual_seq_lengths_q, md.actual_seq_lengths_kv)
             return output
         for name, span in zip(("decode", "prefill"), md.split):
-            with record_function(f"ascend_ext.fia_mixed.{name}"):
+            with trace_range(f"ascend_ext.fia_mixed.{name}"):
                 self._fia(query, output, key_cache, value_cache, md, span.tok0, span.tok1,
                           span.req0, span.req1, span.actual_seq_lengths_q,
                           span.actual_seq_lengths_kv)

@@ -16,13 +16,13 @@ the metadata.
 from __future__ import annotations
 
 import torch
-from torch.profiler import record_function
 
 from vllm_ascend_ext.attention.sfa import indexer
 from vllm_ascend_ext.attention.sfa.caches import SfaCaches
 from vllm_ascend_ext.attention.sfa.metadata import AscendSFAMetadata
 from vllm_ascend_ext.attention.sfa.projections import SfaProjections
 from vllm_ascend_ext.attention.sfa.weights import SfaWeights
+from vllm_ascend_ext.attention.trace import trace_range
 from vllm_ascend_ext.ops.kv_rmsnorm_rope_cache import npu_kv_rmsnorm_rope_cache
 from vllm_ascend_ext.ops.mla_prolog import npu_mla_prolog_v3
 from vllm_ascend_ext.ops.norm import npu_rms_norm
@@ -83,14 +83,14 @@ class AscendSFAImpl:
         t = meta.num_actual_tokens
         x = hidden_states[:t]
         pre, route = (self._prolog, "prolog") if w.prolog else (self._native, "native")
-        with record_function(f"ascend_ext.sfa.preprocess.{route}"):
+        with trace_range(f"ascend_ext.sfa.preprocess.{route}"):
             ql_nope, q_pe, q_c, q_c_scale = pre(p, w, x, meta, caches)
-        with record_function("ascend_ext.sfa.indexer"):
+        with trace_range("ascend_ext.sfa.indexer"):
             tail = indexer.k_stage(self.indexer, p.indexer, x, meta, caches.index_key)
             q = p.indexer_query(q_c, q_c_scale, x.dtype)
             topk = indexer.topk_stage(self.indexer, p.indexer, x, q, tail, meta,
                                       caches.index_key)
-        with record_function("ascend_ext.sfa.attention"):
+        with trace_range("ascend_ext.sfa.attention"):
             out, _, _ = npu_sparse_flash_attention(
                 ql_nope, caches.latent, caches.latent, topk, self.scale,
                 block_table=meta.block_table, actual_seq_lengths_query=meta.cu_seqlens_q,
