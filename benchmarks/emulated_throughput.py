@@ -2,13 +2,15 @@
 
     python benchmarks/emulated_throughput.py [--long] [--skip-op] [--skip-py] [--rounds N]
 
-Each engine runs in its own subprocess (vLLM picks its platform once per
-process): the tiny embedded model, fp32, 32 concurrent prompts of varied length,
-chunked prefill; a process's throughput is the median of 5 passes, and a figure is
-the median over ``--rounds`` processes (default 3) started in turn (stock,
-compiled, Python references, stock, ...): on a small machine one process differs
-from the next by up to ~20%, its passes much less. Prints stock vLLM's
-throughput, the emulated plugin's with its compiled kernels and (unless
+Each setting's engine runs in its own subprocess (vLLM picks its platform once
+per process): the tiny embedded model, fp32, 32 concurrent prompts of varied
+length, chunked prefill. All settings' engines are started and warmed up, then
+``--rounds`` rounds (default 15) each run one pass per setting, one engine at a
+time, in rotated order; a setting's ratio is the median over rounds of (stock pass
+time / its pass time). Pairing passes seconds apart cancels the drift of a shared
+machine, which moved whole processes by up to ~20% when each setting had its own
+processes in turn. Prints the median throughput of stock vLLM's passes, the
+median throughput of the emulated plugin's with its compiled kernels and (unless
 ``--skip-py``) with the Python references forced (``ASCEND_EXT_PY_REFERENCE=1``),
 and their ratios to stock (target: compiled >= 0.8x). ``--long`` adds the same
 comparison with ~2k-token contexts. Unless ``--skip-op``, also times the FIA
@@ -32,10 +34,10 @@ WORKLOADS = {
     "standard": (32, (16, 256), 32, 256, 1024),
     "long-2k": (32, (1536, 2048), 16, 512, 4096),
 }
-REPEATS = int(os.environ.get("BENCH_REPEATS", "5"))
 
 
-def engine_run(workload: str) -> dict:
+def engine(workload: str):
+    """The engine of one setting, warmed up; returns a function running one timed pass."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.platforms import current_platform
@@ -51,32 +53,58 @@ def engine_run(workload: str) -> dict:
               enable_prefix_caching=False)
     sp = SamplingParams(max_tokens=out_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:4], sp, use_tqdm=False)  # warm-up (compile, caches)
-    times = []
-    for _ in range(REPEATS):  # the median of a few passes: one pass is about a second
+    llm.generate(prompts, sp, use_tqdm=False)
+
+    def one_pass() -> dict:
         t0 = time.perf_counter()
         outs = llm.generate(prompts, sp, use_tqdm=False)
-        times.append(time.perf_counter() - t0)
-    dt = sorted(times)[len(times) // 2]
-    tokens = sum(len(p["prompt_token_ids"]) for p in prompts) + sum(
-        len(o.outputs[0].token_ids) for o in outs)
-    return {"platform": type(current_platform).__name__, "seconds": dt, "tokens": tokens,
-            "tok_per_s": tokens / dt, "passes": times}
+        dt = time.perf_counter() - t0
+        tokens = sum(len(p["prompt_token_ids"]) for p in prompts) + sum(
+            len(o.outputs[0].token_ids) for o in outs)
+        return {"seconds": dt, "tokens": tokens}
+
+    return type(current_platform).__name__, one_pass
 
 
-def spawn(workload: str, emulate: bool, python_refs: bool = False) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_EXT_")}
-    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="2",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_USE_AOT_COMPILE="0")
-    if emulate:
-        env["ASCEND_EXT_EMULATE"] = "1"
-    if python_refs:
-        env["ASCEND_EXT_PY_REFERENCE"] = "1"
-    proc = subprocess.run([sys.executable, __file__, "--child", workload], env=env,
-                          capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"child failed ({workload}, emulate={emulate}):\n{proc.stderr[-4000:]}")
+def child(workload: str) -> None:
+    """Serve passes on request: ``pass`` -> one ``PASS {json}`` line; EOF ends."""
+    platform_name, one_pass = engine(workload)
+    print("READY " + platform_name, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "pass":
+            print("PASS " + json.dumps(one_pass()), flush=True)
+
+
+class Child:
+    """One setting's engine in its own process (vLLM picks its platform once per process)."""
+
+    def __init__(self, workload: str, emulate: bool, python_refs: bool = False):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_EXT_")}
+        env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="2",
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_USE_AOT_COMPILE="0")
+        if emulate:
+            env["ASCEND_EXT_EMULATE"] = "1"
+        if python_refs:
+            env["ASCEND_EXT_PY_REFERENCE"] = "1"
+        self.proc = subprocess.Popen([sys.executable, __file__, "--child", workload], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.platform = self._read("READY ")
+
+    def _read(self, prefix: str) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()
+        raise RuntimeError(f"benchmark child exited ({self.proc.wait()}) before {prefix!r}")
+
+    def one_pass(self) -> dict:
+        self.proc.stdin.write("pass\n")
+        self.proc.stdin.flush()
+        return json.loads(self._read("PASS "))
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 OP_BATCHES = {
@@ -154,10 +182,10 @@ def main() -> None:
     ap.add_argument("--long", action="store_true")
     ap.add_argument("--skip-op", action="store_true")
     ap.add_argument("--skip-py", action="store_true")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(engine_run(args.child)))
+        child(args.child)
         return
     names = ["standard"] + (["long-2k"] if args.long else [])
     configs = [("stock", False, False), ("compiled", True, False)]
@@ -167,22 +195,28 @@ def main() -> None:
                                         f" {'ratio':>6}") for name, _, _ in configs),
           flush=True)
     for name in names:
-        got: dict[str, list[float]] = {c[0]: [] for c in configs}
-        for _ in range(args.rounds):
-            for cname, emulate, py in configs:
-                res = spawn(name, emulate, python_refs=py)
-                want = "EmulatedAscendPlatform" if emulate else "CpuPlatform"
-                assert res["platform"] == want, res
-                got[cname].append(res["tok_per_s"])
-        med = {c: statistics.median(v) for c, v in got.items()}
+        children = {c: Child(name, emulate, py) for c, emulate, py in configs}
+        for c, emulate, _ in configs:
+            want = "EmulatedAscendPlatform" if emulate else "CpuPlatform"
+            assert children[c].platform == want, (c, children[c].platform)
+        passes: dict[str, list[dict]] = {c[0]: [] for c in configs}
+        for r in range(args.rounds):  # one pass per setting per round, order rotated
+            order = list(children)
+            for c in order[r % len(order):] + order[:r % len(order)]:
+                passes[c].append(children[c].one_pass())
+        for ch in children.values():
+            ch.close()
         line = f"{name:<10}"
         for cname, _, _ in configs:
-            line += f" {med[cname]:>18.1f}"
+            line += f" {statistics.median(p['tokens'] / p['seconds'] for p in passes[cname]):>18.1f}"
             if cname != "stock":
-                line += f" {med[cname] / med['stock']:>6.2f}"
+                ratios = [s["seconds"] / p["seconds"] for s, p in zip(passes["stock"], passes[cname])]
+                line += f" {statistics.median(ratios):>6.2f}"
         print(line, flush=True)
-        print("  per process: " + "; ".join(
-            f"{c} " + " ".join(f"{v:.0f}" for v in vals) for c, vals in got.items()), flush=True)
+        print("  pair ratios (stock time / setting time, per round): " + "; ".join(
+            f"{c} " + " ".join(f"{s['seconds'] / p['seconds']:.2f}"
+                               for s, p in zip(passes["stock"], passes[c]))
+            for c in passes if c != "stock"), flush=True)
     if not args.skip_op:
         import torch
 

@@ -1,0 +1,260 @@
+"""The nightly Atlas 800 suite; ``tests/e2e/nightly/run.sh`` runs it (README: "The nightly
+Atlas 800 suite").
+
+    bash tests/e2e/nightly/run.sh [--dry-run] [--out DIR] [--repeats N]
+
+Stages, in order (each runs even when an earlier one failed; the exit status is 1 when
+any gate failed): doctor -> NPU parity suite -> contract-mode smoke -> the embedded tiny
+models served -> the real models the runner's environment names, served -> the FIA split
+sweep. ``--dry-run`` runs all of it on the CPU in emulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tests.e2e.nightly import gates, report
+from tests.e2e.nightly.models import ServedModel, real_models, tiny_models
+from tests.e2e.nightly.serving import Server, ServerError
+
+REPO = Path(__file__).resolve().parents[3]
+# Equality of greedy completions: fp32 on the CPU (summation order only); bf16 on an NPU.
+TOL = {"cpu": 1e-4, "npu": 5e-2}
+BENCH = {  # bench serve shape: (input len, output len, prompts, concurrency)
+    "dry": (128, 16, 16, 8),
+    "tiny": (256, 32, 64, 16),
+    "real": (1024, 256, 256, 32),
+}
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace):
+        self.dry = args.dry_run
+        self.out = Path(args.out).resolve()
+        self.repeats = args.repeats or (2 if self.dry else 3)
+        self.npu_devices = 0
+        self.res: dict = {"mode": "dry run" if self.dry else "Atlas 800",
+                          "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                          "host": platform.node(), "stages": [], "gates": [], "speed": [],
+                          "comparisons": [], "sweep": "", "passed": False}
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_EXT_")}
+        env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        if self.dry:
+            env.update(ASCEND_EXT_EMULATE="1", VLLM_USE_AOT_COMPILE="0")
+        env.update(extra)
+        return env
+
+    def sh(self, name: str, cmd: list[str], env: dict | None = None, timeout: int = 3600):
+        proc = subprocess.run(cmd, cwd=REPO, env=env or self.env(), capture_output=True,
+                              text=True, timeout=timeout)
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        (self.out / "logs" / f"{name}.log").write_text(
+            " ".join(cmd) + "\n" + proc.stdout + proc.stderr)
+        return proc
+
+    def stage(self, name: str, fn) -> None:
+        t0 = time.monotonic()
+        print(f"[nightly] {name} ...", flush=True)
+        try:
+            status, detail = fn()
+        except Exception as exc:  # a stage that breaks is a failed stage, and the run goes on
+            status, detail = "fail", f"{type(exc).__name__}: {str(exc)[-1500:]}"
+        self.res["stages"].append({"name": name, "status": status, "detail": detail,
+                                   "seconds": time.monotonic() - t0})
+        print(f"[nightly] {name}: {status.upper()} {detail}", flush=True)
+
+    # -- stages ----------------------------------------------------------------------
+    def doctor(self):
+        proc = self.sh("doctor", [sys.executable, "-m", "vllm_ascend_ext", "doctor", "--json"])
+        data = json.loads(proc.stdout)
+        self.npu_devices = len(data["host"]["npu_devices"])
+        stack, soc = data["stack"], data["soc"]
+        detail = (f"SoC {soc['name']} ({soc['source']}), {self.npu_devices} NPUs, torch "
+                  f"{stack['torch']}, vLLM {stack['vllm']}, torch_npu {stack['torch_npu']}, "
+                  f"CANN {stack['cann']}, _C_ascend_ext built: {data['extension']['built']}")
+        if proc.returncode != 0 or not data["healthy"]:
+            return "fail", detail + "; problems: " + "; ".join(data["problems"])
+        return "pass", detail
+
+    def parity(self):
+        target = "tests/ut/test_npu_parity_dry_run.py" if self.dry else "tests/npu"
+        proc = self.sh("parity", [sys.executable, "-m", "pytest", target, "-q",
+                                  "-p", "no:cacheprovider"])
+        summary = (proc.stdout.strip().splitlines() or ["no output"])[-1]
+        where = ("contract harness in place of torch_npu (dry run)" if self.dry
+                 else "torch_npu vs references")
+        return ("pass" if proc.returncode == 0 else "fail"), f"{target}: {summary} ({where})"
+
+    def contract(self):
+        proc = self.sh("contract", [sys.executable, str(REPO / "tests/e2e/run_llm.py"),
+                                    "--model", "qwen_moe", "--dtype", "bfloat16",
+                                    "--max-num-batched-tokens", "16"],
+                       env=self.env(ASCEND_EXT_EMULATE="1", ASCEND_EXT_NPU_CONTRACT="1",
+                                    VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                                    VLLM_CPU_KVCACHE_SPACE="1", VLLM_USE_AOT_COMPILE="0"))
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            return "fail", f"engine failed ({proc.returncode}): {proc.stderr[-800:]}"
+        c = json.loads(line[len("RESULT "):])["contract"]
+        ok = c["violations"] == 0 and c["calls"].get("npu_fused_infer_attention_score", 0) > 0
+        return ("pass" if ok else "fail"), c["summary"]
+
+    def tiny(self):
+        return self.serve_all(tiny_models(npu=not self.dry), BENCH["dry" if self.dry else "tiny"],
+                              gate_speed=False)
+
+    def real(self):
+        if self.dry:
+            for m in real_models(0):
+                self.res["gates"].append({"model": m.name, "setting": "-", "gate": "skipped",
+                                          "ok": True, "detail": m.skip or "dry run"})
+            return "skip", "dry run: real checkpoints are served on an Atlas 800 only"
+        return self.serve_all(real_models(self.npu_devices), BENCH["real"], gate_speed=True)
+
+    def sweep(self):
+        png = self.out / "split_sweep.png"
+        small = ["--shapes", "qwen3-8b:tp8,qwen3-next-80b:tp4", "--decodes", "4", "--prefill",
+                 "64", "--kv", "256", "--warmup", "1", "--iters", "3", "--spans", "32,64"]
+        proc = self.sh("split_sweep", [sys.executable, "benchmarks/fia_split_sweep.py",
+                                       "--png", str(png), *(small if self.dry else [])])
+        self.res["sweep"] = proc.stdout
+        if proc.returncode != 0:
+            return "fail", proc.stderr[-800:]
+        return "pass", f"table below; plot {png.name} (reported, gated by the Wilcoxon test " \
+                       "it prints only on an NPU)"
+
+    # -- serving ---------------------------------------------------------------------
+    def serve_all(self, models: list[ServedModel], bench_shape, gate_speed: bool):
+        served, failed, skipped = 0, 0, []
+        for m in models:
+            if m.skip:
+                skipped.append(f"{m.name}: {m.skip}")
+                self.res["gates"].append({"model": m.name, "setting": "-", "gate": "skipped",
+                                          "ok": True, "detail": m.skip})
+                continue
+            try:
+                failed += not self.serve_model(m, bench_shape, gate_speed)
+                served += 1
+            except (ServerError, OSError, ValueError, KeyError) as exc:
+                failed += 1
+                self.gate(m.name, "-", "serves", False, f"{type(exc).__name__}: {exc}"[-1500:])
+        if not served and not failed:
+            return "skip", "; ".join(skipped)
+        detail = f"{served} served, {failed} with a failed gate" + (
+            f"; skipped: {'; '.join(skipped)}" if skipped else "")
+        return ("fail" if failed else "pass"), detail
+
+    def gate(self, model: str, setting: str, gate: str, ok: bool, detail: str) -> bool:
+        self.res["gates"].append({"model": model, "setting": setting, "gate": gate, "ok": ok,
+                                  "detail": detail})
+        return ok
+
+    def serve_model(self, m: ServedModel, bench_shape, gate_speed: bool) -> bool:
+        logs = self.out / "logs"
+        ok, completions, accuracy, runs = True, {}, {}, {}
+        questions, answers = gsm8k_subset() if m.gsm8k_floor is not None else ([], [])
+        if m.baseline == "stock" and self.dry:
+            with Server(m, "stock", logs / f"{m.name}-stock.log", stock=True) as srv:
+                completions["stock"] = srv.greedy()
+        for setting in m.settings:
+            with Server(m, setting, logs / f"{m.name}-{setting}.log", emulate=self.dry) as srv:
+                completions[setting] = srv.greedy()
+                if questions:
+                    accuracy[setting] = gates.gsm8k_accuracy(srv.chat_answers(questions), answers)
+                if m.feature is not None:
+                    inp, outp, n, conc = bench_shape
+                    runs[setting] = [srv.bench(logs, f"{m.name}-{setting}-bench{i}",
+                                               input_len=inp, output_len=outp, num_prompts=n,
+                                               concurrency=conc)
+                                     for i in range(self.repeats)]
+                    self.res["speed"].append({"model": m.name, "setting": setting,
+                                              "runs": [_figures(r) for r in runs[setting]]})
+        base_name = "stock" if "stock" in completions else m.settings[0]
+        tol = TOL["cpu" if self.dry else "npu"]
+        for setting in m.settings:
+            if setting != base_name:
+                v = gates.equality(completions[setting], completions[base_name], tol)
+                label = "plugin off (stock vLLM)" if base_name == "stock" else base_name
+                ok &= self.gate(m.name, setting, f"equality with {label}", v.ok, v.detail)
+            else:
+                finite = all(x == x for c in completions[setting] for x in c["logprobs"])
+                ok &= self.gate(m.name, setting, "serves greedy completions", finite,
+                                f"{len(completions[setting])} prompts, finite logprobs: {finite}")
+        if questions:
+            off = accuracy[m.settings[0]]
+            for setting in m.settings:
+                v = gates.accuracy(accuracy[setting], m.gsm8k_floor,
+                                   None if setting == m.settings[0] else off)
+                ok &= self.gate(m.name, setting, f"GSM8K ({len(questions)} questions)", v.ok,
+                                v.detail)
+        elif m.gsm8k_floor is not None:
+            self.gate(m.name, "-", "GSM8K", True,
+                      "skipped: NIGHTLY_GSM8K_JSONL is not set (GSM8K test.jsonl)")
+        if m.feature is not None:
+            off_name, on_name = m.settings[0], m.settings[-1]
+            metrics = gates.speed([_figures(r) for r in runs[on_name]],
+                                  [_figures(r) for r in runs[off_name]])
+            self.res["comparisons"].append({
+                "model": m.name, "feature": m.feature, "on": on_name, "off": off_name,
+                "gated": gate_speed,
+                "metrics": {k: {"ratio": r, "ok": v.ok, "detail": v.detail}
+                            for k, (r, v) in metrics.items()}})
+            if gate_speed:
+                ok &= all(v.ok for _, v in metrics.values())
+        return ok
+
+
+def _figures(result: dict) -> dict:
+    keys = ("request_throughput", "output_throughput", "mean_ttft_ms", "mean_tpot_ms",
+            "completed")
+    return {k: float(result.get(k) or 0.0) for k in keys}
+
+
+def gsm8k_subset() -> tuple[list[str], list[str]]:
+    """The first ``NIGHTLY_GSM8K_N`` (200) questions of ``NIGHTLY_GSM8K_JSONL`` (GSM8K's
+    test split as JSON lines with ``question`` and ``answer``), or nothing."""
+    path = os.environ.get("NIGHTLY_GSM8K_JSONL")
+    if not path:
+        return [], []
+    n = int(os.environ.get("NIGHTLY_GSM8K_N", "200"))
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()][:n]
+    return [r["question"] for r in rows], [r["answer"] for r in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true",
+                    help="the whole suite on the CPU in emulation with the tiny models")
+    ap.add_argument("--out", default="nightly-report", help="report directory")
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="bench serve repetitions per setting (default: 3; 2 in a dry run)")
+    args = ap.parse_args(argv)
+    run = Run(args)
+    run.out.mkdir(parents=True, exist_ok=True)
+    run.stage("doctor", run.doctor)
+    if not run.dry and run.npu_devices == 0:
+        print("[nightly] no NPU on this machine: run with --dry-run for the CPU emulation",
+              file=sys.stderr)
+        return 2
+    for name, fn in (("NPU parity suite", run.parity), ("contract-mode smoke", run.contract),
+                     ("tiny models served", run.tiny), ("real models served", run.real),
+                     ("FIA split sweep", run.sweep)):
+        run.stage(name, fn)
+    run.res["passed"] = all(s["status"] != "fail" for s in run.res["stages"])
+    report.write(run.res, run.out)
+    print(f"[nightly] report: {run.out / 'report.md'} ({'PASSED' if run.res['passed'] else 'FAILED'})")
+    return 0 if run.res["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
