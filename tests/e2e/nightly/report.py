@@ -16,7 +16,7 @@ _LABELS = {"output_throughput": "output tok/s", "mean_tpot_ms": "mean TPOT ms",
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c).replace("|", "/").replace("\n", " ") for c in r) + " |"
+    out += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in r) + " |"
             for r in rows]
     return out + [""]
 

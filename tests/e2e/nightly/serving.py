@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import redirect_stdout
 from pathlib import Path
 
 from tests.e2e.nightly.models import ServedModel
@@ -143,20 +144,27 @@ class Server:
 
     def bench(self, out_dir: Path, name: str, *, input_len: int, output_len: int,
               num_prompts: int, concurrency: int) -> dict:
-        """vLLM's ``bench serve`` (random dataset, fixed seed): its saved JSON result."""
-        cmd = [sys.executable, "-m", "vllm_ascend_ext", "bench", "serve", "--model",
-               self.model.path, "--served-model-name", self.model.name, "--port",
-               str(self.port), "--dataset-name", "random", "--random-input-len",
-               str(input_len), "--random-output-len", str(output_len), "--num-prompts",
-               str(num_prompts), "--max-concurrency", str(concurrency), "--seed", "0",
-               "--ignore-eos", "--save-result", "--result-dir", str(out_dir),
-               "--result-filename", f"{name}.json"]
-        env = {k: v for k, v in self.env.items() if not k.startswith("ASCEND_EXT_")}
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-        (out_dir / f"{name}.log").write_text(proc.stdout + proc.stderr)
-        if proc.returncode != 0:
-            raise ServerError(f"bench serve failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        return json.loads((out_dir / f"{name}.json").read_text())
+        """vLLM's ``bench serve`` client (random dataset, fixed seed), run in this process
+        (its arguments are the CLI's; one import of vLLM serves every repetition): its
+        result, also saved as ``<name>.json`` beside its printout ``<name>.log``."""
+        from vllm.benchmarks.serve import add_cli_args, main
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        parser = FlexibleArgumentParser()
+        add_cli_args(parser)
+        args = parser.parse_args([
+            "--model", self.model.path, "--served-model-name", self.model.name,
+            "--port", str(self.port), "--dataset-name", "random",
+            "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+            "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+            "--seed", "0", "--ignore-eos", "--save-result", "--result-dir", str(out_dir),
+            "--result-filename", f"{name}.json"])
+        with open(out_dir / f"{name}.log", "w") as log, redirect_stdout(log):
+            result = main(args)
+        if result.get("completed") != num_prompts:
+            raise ServerError(f"bench serve completed {result.get('completed')} of "
+                              f"{num_prompts} requests ({out_dir / f'{name}.log'})")
+        return result
 
 
 def tail(path: Path, lines: int = 30) -> str:

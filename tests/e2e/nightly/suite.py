@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[3]
 # Equality of greedy completions: fp32 on the CPU (summation order only); bf16 on an NPU.
 TOL = {"cpu": 1e-4, "npu": 5e-2}
 BENCH = {  # bench serve shape: (input len, output len, prompts, concurrency)
-    "dry": (128, 16, 16, 8),
+    "dry": (128, 32, 16, 8),
     "tiny": (256, 32, 64, 16),
     "real": (1024, 256, 256, 32),
 }
