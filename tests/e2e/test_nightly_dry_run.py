@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 from PIL import Image
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.e2e
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("nightly")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_EXT_", "NIGHTLY_"))}
+    env["PYTHON"] = sys.executable  # the interpreter running the tests, whatever is on PATH
     proc = subprocess.run(["bash", "tests/e2e/nightly/run.sh", "--dry-run", "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     return proc, out
@@ -55,6 +57,9 @@ def test_every_setting_equals_its_baseline(dry_run):
     assert eq[("tiny-qwen3", "auto")]["gate"] == "equality with plugin off (stock vLLM)"
     assert eq[("tiny-dsa-w8a8", "auto")]["gate"] == "equality with native"
     assert all(g["ok"] and "tokens identical" in g["detail"] for g in eq.values())
+    ran = {(g["model"], g["setting"]): g["ok"] for g in res["gates"] if "split" in g["gate"]}
+    assert ran == {("tiny-qwen3", "off"): True, ("tiny-qwen3", "auto"): True,
+                   ("tiny-qwen3-next", "off"): True, ("tiny-qwen3-next", "auto"): True}
 
 
 def test_the_features_really_ran_and_speed_is_reported_not_gated(dry_run):

@@ -251,6 +251,11 @@ def test_plan_memo_checks_once_per_step_and_never_hides_a_bad_call(monkeypatch):
               sparse_mode=0, block_size=16, unsupported={})
     plan = memo.check(q, k, k, **kw)
     assert memo.check(q, k, k, **kw) is plan and len(calls) == 1
+    # a split step: decode and prefill spans alternate in every layer, both stay known
+    other = {**kw, "actual_seq_lengths": (2, 3), "actual_seq_lengths_kv": (6, 16)}
+    plan2 = memo.check(q, k, k, **other)
+    assert memo.check(q, k, k, **kw) is plan and memo.check(q, k, k, **other) is plan2
+    assert len(calls) == 2
     with pytest.raises(FIAArgumentError, match="16 heads but num_heads=4"):
         memo.check(torch.randn(3, 16, 64), k, k, **kw)
     with pytest.raises(FIAArgumentError, match="outside 0..16"):

@@ -77,6 +77,9 @@ def test_plane_views_of_a_padded_page():
     (dict(slot_mapping=torch.tensor([0], dtype=torch.int32)), "2 tokens but 1"),
     (dict(key_cache=torch.zeros(2, 16, 3, 64)), "key_cache must be"),
     (dict(value_cache=torch.zeros(2, 16, 2, 64, dtype=torch.float16)), "dtype"),
+    (dict(value=torch.zeros(2, 2, 64, dtype=torch.float16),
+          value_cache=torch.zeros(2, 16, 2, 64, dtype=torch.float16)),
+     "value dtype torch.float16 must equal key dtype"),
 ])
 def test_rejects_bad_arguments(change, needle):
     kwargs = dict(key=torch.zeros(2, 2, 64), value=torch.zeros(2, 2, 64),

@@ -117,3 +117,29 @@ def test_report_writes_markdown_and_a_png(tmp_path):
     assert "reported" in md and "**PASSED**" in md
     with Image.open(tmp_path / "speed.png") as img:
         assert img.format == "PNG" and img.height > 60
+
+
+def test_npu_equality_allows_a_late_flip_but_not_a_first_token_or_logprob_change():
+    base = [_run([5, 6, 7], [-1.0, -2.0, -0.5])]
+    late = [_run([5, 6, 9], [-1.01, -2.02, -0.1])]
+    v = gates.equality(late, base, 5e-2, strict=False)
+    assert v.ok and "prompt 0 from token 2" in v.detail
+    assert not gates.equality(late, base, 5e-2).ok                          # strict (CPU)
+    assert not gates.equality([_run([4, 6, 7], [-1.0, -2.0, -0.5])], base, 5e-2, strict=False).ok
+    assert not gates.equality([_run([5, 6, 9], [-1.2, -2.0, -0.5])], base, 5e-2, strict=False).ok
+
+
+def test_split_counts_read_the_builders_shutdown_lines(tmp_path):
+    from tests.e2e.nightly.suite import split_counts
+
+    log = tmp_path / "s.log"
+    log.write_text("x ascend_ext mixed-split: group=a mixed_steps=12 split=12 declined=0 (none)\n"
+                   "y ascend_ext mixed-split: group=b mixed_steps=3 split=0 declined=3 (x)\n")
+    assert split_counts(log) == [12, 0] and split_counts(tmp_path / "missing.log") == []
+
+
+def test_feature_on_split_value_follows_the_soc():
+    assert tiny_models(npu=True, split_on="on")[0].settings == ("off", "on")
+    env = {"NIGHTLY_QWEN3": "/nonexistent"}
+    assert real_models(8, env, split_on="on")[0].settings == ("off", "on")
+    assert real_models(8, env)[2].settings == ("native", "auto")

@@ -206,11 +206,14 @@ class PlanMemo:
     so the per-request checks run once per step instead of once per layer. The checks
     read only shapes, dtypes, the scalar arguments and the host lists, and a tuple of
     ints cannot change: a hit (same tuple objects, equal signature) is the same check.
-    Lists, tensors in the lists and the unsupported optionals are never memoized.
+    Lists, tensors in the lists and the unsupported optionals are never memoized. Two
+    plans are kept: a split step alternates its decode and prefill spans in every layer.
     """
 
+    SIZE = 2
+
     def __init__(self) -> None:
-        self._last: tuple | None = None  # (cu_q tuple, kv tuple, signature, plan)
+        self._plans: tuple[tuple, ...] = ()  # (cu_q tuple, kv tuple, signature, plan), newest first
 
     def check(self, query, key, value, *, atten_mask, actual_seq_lengths,
               actual_seq_lengths_kv, block_table, num_heads, input_layout,
@@ -219,10 +222,10 @@ class PlanMemo:
                None if atten_mask is None else (atten_mask.dtype, atten_mask.shape),
                None if block_table is None else (block_table.dtype, block_table.shape),
                num_heads, input_layout, num_key_value_heads, sparse_mode, block_size)
-        last = self._last
-        if (last is not None and last[0] is actual_seq_lengths
-                and last[1] is actual_seq_lengths_kv and last[2] == sig and not unsupported):
-            return last[3]
+        if not unsupported:
+            for cu, kv, known, plan in self._plans:
+                if cu is actual_seq_lengths and kv is actual_seq_lengths_kv and known == sig:
+                    return plan
         plan = check_fia(
             query, key, value, atten_mask=atten_mask, actual_seq_lengths=actual_seq_lengths,
             actual_seq_lengths_kv=actual_seq_lengths_kv, block_table=block_table,
@@ -230,7 +233,8 @@ class PlanMemo:
             num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
             block_size=block_size, unsupported=unsupported)
         if not unsupported and _int_tuple(actual_seq_lengths) and _int_tuple(actual_seq_lengths_kv):
-            self._last = (actual_seq_lengths, actual_seq_lengths_kv, sig, plan)
+            entry = (actual_seq_lengths, actual_seq_lengths_kv, sig, plan)
+            self._plans = (entry, *self._plans[: self.SIZE - 1])
         return plan
 
 

@@ -47,6 +47,8 @@ def _check(key, value, key_cache, value_cache, slot_mapping, cache_mode) -> None
         raise ScatterKvCacheError(
             f"{OP}: key/value must be [T, KV_N, D] with equal first two dims, got "
             f"{tuple(key.shape)} / {tuple(value.shape)}")
+    if value.dtype != key.dtype:
+        raise ScatterKvCacheError(f"{OP}: value dtype {value.dtype} must equal key dtype {key.dtype}")
     if key.shape[0] != slot_mapping.shape[0]:
         raise ScatterKvCacheError(
             f"{OP}: {key.shape[0]} tokens but {slot_mapping.shape[0]} slots")
@@ -89,17 +91,17 @@ def scatter_pa_kv_cache_emulated(key, value, key_cache, value_cache, slot_mappin
     """The emulation's cache write: the compiled kernel (``csrc/emu_kv_cache.cpp``: checks
     every slot, then one row copy per token, blocks read through their strides, as the
     backend's plane views are) after the reference's checks, or the reference itself."""
+    _check(key, value, key_cache, value_cache, slot_mapping, cache_mode)
     kernel = emulation_kernel("emu_scatter_pa_kv_cache", key.device)
-    caches_ok = all(_rows_contiguous(t) and t.stride(1) == t.shape[2] * t.shape[3]
-                    for t in (key_cache, value_cache) if t.dim() == 4)
-    if (kernel is None or not caches_ok or not _rows_contiguous(key)
-            or not _rows_contiguous(value)):
+    if kernel is None or not all(_rows_contiguous(t) for t in (key, value, key_cache, value_cache)) \
+            or any(t.stride(1) != t.shape[2] * t.shape[3] for t in (key_cache, value_cache)):
         return scatter_pa_kv_cache_reference(key, value, key_cache, value_cache, slot_mapping,
                                              cache_mode=cache_mode)
-    _check(key, value, key_cache, value_cache, slot_mapping, cache_mode)
     try:
         kernel(key, value, key_cache, value_cache, slot_mapping)
-    except RuntimeError as exc:  # a slot outside the cache: the reference's error type
+    except RuntimeError as exc:  # the kernel's own check: a slot outside the cache
+        if "slots must lie in" not in str(exc):
+            raise
         raise ScatterKvCacheError(f"{OP}: {exc}".split("\n")[0]) from None
 
 

@@ -53,28 +53,30 @@ class ServedModel:
 # prefill chunks run beside decodes (the mixed steps the split acts on), eager (the
 # dry run checks the script, not compile time).
 _CPU = ("--dtype", "float32", "--max-model-len", "1024", "--max-num-batched-tokens", "64",
-        "--enforce-eager")
+        "--enforce-eager", "--no-enable-prefix-caching")
 # An emulated Ascend 950 (A5): the SoC family on which mixed_split=auto splits.
 _A5 = {"ASCEND_EXT_SOC": "ascend950"}
 
 
 # On an NPU: bf16 (the NPU operators' dtypes), compiled graphs as served.
-_NPU = ("--dtype", "bfloat16", "--max-model-len", "1024", "--max-num-batched-tokens", "64")
+_NPU = ("--dtype", "bfloat16", "--max-model-len", "1024", "--max-num-batched-tokens", "64",
+        "--no-enable-prefix-caching")
 
 
-def tiny_models(npu: bool = False) -> list[ServedModel]:
+def tiny_models(npu: bool = False, split_on: str = "auto") -> list[ServedModel]:
     """The embedded tiny models; they carry the feature comparisons of the dry run. On
     an NPU there is no plugin-off run: the feature-off setting is the baseline, and the
-    SoC is the machine's."""
+    SoC is the machine's. ``split_on``: the feature-on ``mixed_split`` value (``auto``
+    where the SoC's gate splits, i.e. Ascend 950; ``on`` on A2/A3, where auto declines)."""
     args, a5 = (_NPU, {}) if npu else (_CPU, dict(_A5))
     stock = None if npu else "stock"
     return [
-        ServedModel("tiny-qwen3", tiny_model_path(), "fia", "mixed_split", ("off", "auto"),
+        ServedModel("tiny-qwen3", tiny_model_path(), "fia", "mixed_split", ("off", split_on),
                     stock, args, a5),
         ServedModel("tiny-qwen-moe", tiny_qwen_moe_path(), "moe", baseline=stock,
                     serve_args=args),
         ServedModel("tiny-qwen3-next", tiny_qwen3_next_path(), "hybrid", "mixed_split",
-                    ("off", "auto"), None, args, a5),
+                    ("off", split_on), None, args, a5),
         ServedModel("tiny-dsa-w8a8", tiny_dsa_path(quantized=True), "sfa", "sfa.preprocess",
                     ("native", "auto"), None, args),
     ]
@@ -94,9 +96,11 @@ REAL = (
 )
 
 
-def real_models(npu_devices: int, environ: dict[str, str] | None = None) -> list[ServedModel]:
+def real_models(npu_devices: int, environ: dict[str, str] | None = None,
+                split_on: str = "auto") -> list[ServedModel]:
     """The checkpoints ``NIGHTLY_*`` names, each with its tensor-parallel size
-    (``<VAR>_TP``, default the NPUs it needs) and GSM8K floor (``<VAR>_GSM8K_MIN``)."""
+    (``<VAR>_TP``, default the NPUs it needs) and GSM8K floor (``<VAR>_GSM8K_MIN``);
+    ``split_on`` as for :func:`tiny_models`."""
     env = os.environ if environ is None else environ
     out = []
     for var, kind, feature, settings, floor, need, topology in REAL:
@@ -109,7 +113,9 @@ def real_models(npu_devices: int, environ: dict[str, str] | None = None) -> list
         elif npu_devices < tp:
             skip = f"needs {tp} NPUs, this runner has {npu_devices} ({topology})"
         args = ("--dtype", "bfloat16", "--tensor-parallel-size", str(tp), "--max-model-len",
-                "8192")
+                "8192", "--no-enable-prefix-caching")  # repeated prompts: no cache hits
+        if feature == "mixed_split":
+            settings = ("off", split_on)
         out.append(ServedModel(
             os.path.basename(os.path.normpath(path)) if path else var.lower(), path, kind,
             feature, settings, None, args, {}, float(env.get(f"{var}_GSM8K_MIN") or floor),

@@ -6,7 +6,7 @@
 # doctor -> NPU parity suite -> contract-mode smoke -> tiny models served -> real models
 # served (NIGHTLY_* variables) -> FIA split sweep; writes DIR/report.md, DIR/speed.png,
 # DIR/results.json and DIR/logs/. Exit 0 when every gate passed, 1 otherwise, 2 without
-# an NPU unless --dry-run (the whole suite on the CPU, in emulation, with the tiny models).
+# an NPU unless --dry-run; PYTHON picks the interpreter (default: python on PATH) (the whole suite on the CPU, in emulation, with the tiny models).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-exec python -m tests.e2e.nightly.suite "$@"
+exec "${PYTHON:-python}" -m tests.e2e.nightly.suite "$@"

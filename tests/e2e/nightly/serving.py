@@ -47,13 +47,17 @@ class Server:
                  emulate: bool = True):
         self.model, self.setting, self.log, self.stock = model, setting, log, stock
         self.port = free_port()
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_EXT_")}
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith("ASCEND_EXT_") and k != "VLLM_PLUGINS"}
         self.env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         if emulate:  # CPU: vLLM 0.32 cannot load its AOT compile cache there
             self.env.setdefault("VLLM_USE_AOT_COMPILE", "0")
             self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        if stock:  # plugin off: vLLM's own CPU platform; on an NPU host no plugin at all
-            if not emulate:
+        if stock:  # plugin off: vLLM's own CPU platform (on an Ascend host the installed
+            # plugin would select its NPU platform: there vLLM loads no plugin at all)
+            from vllm_ascend_ext.platform.probe import npu_present
+
+            if npu_present():
                 self.env["VLLM_PLUGINS"] = "no-plugin"
         else:
             self.env.update(model.env)

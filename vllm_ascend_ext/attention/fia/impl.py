@@ -89,12 +89,12 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
         if n == 0:
             return output
         if md.split is None:
-            with trace_range("ascend_ext.fia_mixed.single"):
+            with trace_range("ascend_ext.fia_mixed.single", query.device):
                 self._fia(query, output, key_cache, value_cache, md, 0, n, 0, md.num_reqs,
                           md.actual_seq_lengths_q, md.actual_seq_lengths_kv)
             return output
         for name, span in zip(("decode", "prefill"), md.split):
-            with trace_range(f"ascend_ext.fia_mixed.{name}"):
+            with trace_range(f"ascend_ext.fia_mixed.{name}", query.device):
                 self._fia(query, output, key_cache, value_cache, md, span.tok0, span.tok1,
                           span.req0, span.req1, span.actual_seq_lengths_q,
                           span.actual_seq_lengths_kv)

@@ -83,14 +83,14 @@ class AscendSFAImpl:
         t = meta.num_actual_tokens
         x = hidden_states[:t]
         pre, route = (self._prolog, "prolog") if w.prolog else (self._native, "native")
-        with trace_range(f"ascend_ext.sfa.preprocess.{route}"):
+        with trace_range(f"ascend_ext.sfa.preprocess.{route}", x.device):
             ql_nope, q_pe, q_c, q_c_scale = pre(p, w, x, meta, caches)
-        with trace_range("ascend_ext.sfa.indexer"):
+        with trace_range("ascend_ext.sfa.indexer", x.device):
             tail = indexer.k_stage(self.indexer, p.indexer, x, meta, caches.index_key)
             q = p.indexer_query(q_c, q_c_scale, x.dtype)
             topk = indexer.topk_stage(self.indexer, p.indexer, x, q, tail, meta,
                                       caches.index_key)
-        with trace_range("ascend_ext.sfa.attention"):
+        with trace_range("ascend_ext.sfa.attention", x.device):
             out, _, _ = npu_sparse_flash_attention(
                 ql_nope, caches.latent, caches.latent, topk, self.scale,
                 block_table=meta.block_table, actual_seq_lengths_query=meta.cu_seqlens_q,
