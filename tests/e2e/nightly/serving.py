@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import redirect_stdout
 from pathlib import Path
 
+from tests.e2e.conftest import stock_env
 from tests.e2e.nightly.models import ServedModel
 
 START_TIMEOUT = float(os.environ.get("NIGHTLY_START_TIMEOUT", "1800"))
@@ -53,12 +54,8 @@ class Server:
         if emulate:  # CPU: vLLM 0.32 cannot load its AOT compile cache there
             self.env.setdefault("VLLM_USE_AOT_COMPILE", "0")
             self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        if stock:  # plugin off: vLLM's own CPU platform (on an Ascend host the installed
-            # plugin would select its NPU platform: there vLLM loads no plugin at all)
-            from vllm_ascend_ext.platform.probe import npu_present
-
-            if npu_present():
-                self.env["VLLM_PLUGINS"] = "no-plugin"
+        if stock:  # plugin off: vLLM's own CPU platform (no plugin at all on an Ascend host)
+            self.env.update(stock_env())
         else:
             self.env.update(model.env)
             if emulate:

@@ -22,6 +22,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tests.e2e.conftest import run_script
 from tests.e2e.nightly import gates, report
 from tests.e2e.nightly.models import ServedModel, real_models, tiny_models
 from tests.e2e.nightly.serving import Server
@@ -106,16 +107,10 @@ class Run:
         return ("pass" if ok else "fail"), f"{target}: {summary} ({where})"
 
     def contract(self):
-        proc = self.sh("contract", [sys.executable, str(REPO / "tests/e2e/run_llm.py"),
-                                    "--model", "qwen_moe", "--dtype", "bfloat16",
-                                    "--max-num-batched-tokens", "16"],
-                       env=self.env(ASCEND_EXT_EMULATE="1", ASCEND_EXT_NPU_CONTRACT="1",
-                                    VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                                    VLLM_CPU_KVCACHE_SPACE="1", VLLM_USE_AOT_COMPILE="0"))
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if proc.returncode != 0 or line is None:
-            return "fail", f"engine failed ({proc.returncode}): {proc.stderr[-800:]}"
-        c = json.loads(line[len("RESULT "):])["contract"]
+        # the e2e tests' engine runner: run_llm.py in its own process, emulated, RESULT line
+        c = run_script("run_llm.py", "--model", "qwen_moe", "--dtype", "bfloat16",
+                       "--max-num-batched-tokens", "16", emulate=True,
+                       ASCEND_EXT_NPU_CONTRACT="1")["contract"]
         ok = c["violations"] == 0 and c["calls"].get("npu_fused_infer_attention_score", 0) > 0
         return ("pass" if ok else "fail"), c["summary"]
 
