@@ -325,3 +325,29 @@ def test_op_table_follows_the_documentation():
     long = t.gdn_ops_for("A3", num_spec=8)
     assert long.decode == t.OWN_RECURRENT and long.prefill == t.CHUNK and "8 tokens" in long.why
     assert t.gdn_ops_for("A3", num_spec=7).decode == t.RECURRENT
+
+
+def test_vllm_cpu_weight_dispatch_leaves_a_flagged_conv_weight_as_taps():
+    """The GDN layer marks its conv1d with vLLM's ``_cpu_skip_gemm_dispatch`` (as vLLM's
+    MLA marks kv_b_proj): vLLM's CPU linear method then keeps the [dim, 1, K] taps. Unmarked
+    bf16 width-4 taps are repacked in place on CPUs with AVX-512 BF16 (the plugin's conv op
+    read them as garbage: every bf16 token wrong)."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM's CPU weight dispatch only")
+    taps = torch.randn(64, 1, 4).to(torch.bfloat16)
+
+    def conv(flag: bool) -> torch.nn.Module:
+        m = torch.nn.Module()
+        m.weight = torch.nn.Parameter(taps.clone(), requires_grad=False)
+        if flag:
+            m._cpu_skip_gemm_dispatch = True
+        UnquantizedLinearMethod().process_weights_after_loading(m)
+        return m
+
+    assert torch.equal(conv(True).weight, taps)
+    if torch.cpu._is_avx512_bf16_supported():
+        unflagged = conv(False)
+        assert not (unflagged.weight.shape == taps.shape and torch.equal(unflagged.weight, taps))

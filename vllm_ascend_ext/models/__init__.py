@@ -46,8 +46,11 @@ DSA_MODEL_CLASS = "vllm_ascend_ext.models.deepseek_v32:AscendDeepseekV32ForCausa
 
 
 def register_models() -> None:
-    """Serve the DSA architectures with the plugin's class (lazy: imported on first use)."""
+    """Serve the DSA architectures and Qwen3-Next with the plugin's classes (lazy: imported
+    on first use)."""
     from vllm import ModelRegistry
 
     for arch in DSA_ARCHITECTURES:
         ModelRegistry.register_model(arch, DSA_MODEL_CLASS)
+    ModelRegistry.register_model("Qwen3NextForCausalLM",
+                                 "vllm_ascend_ext.models.qwen3_next:AscendQwen3NextForCausalLM")

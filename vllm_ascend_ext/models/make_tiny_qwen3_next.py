@@ -76,9 +76,16 @@ CONFIG = {
 STORAGE_DTYPE = torch.bfloat16
 
 
-def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+def _is_moe_layer(c: dict, i: int) -> bool:
+    return (i not in c.get("mlp_only_layers", []) and c.get("num_experts", 0) > 0
+            and (i + 1) % c.get("decoder_sparse_step", 1) == 0)
+
+
+def make_weights(seed: int = 0, config: dict | None = None) -> dict[str, torch.Tensor]:
+    """Weights for ``config`` (default: the embedded model's ``CONFIG``); any widths, head
+    counts, expert counts and layer patterns of the architecture."""
     g = torch.Generator().manual_seed(seed)
-    c = CONFIG
+    c = CONFIG if config is None else config
     h, vocab, hd = c["hidden_size"], c["vocab_size"], c["head_dim"]
     nq, nkv = c["num_attention_heads"], c["num_key_value_heads"]
     nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
@@ -119,7 +126,12 @@ def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
             w[q + "o_proj.weight"] = lin(h, nq * hd) * 2.0  # makes up for the sigmoid gate
             w[q + "q_norm.weight"] = offset(hd, 0.6, 0.2)
             w[q + "k_norm.weight"] = offset(hd, 0.6, 0.2)
-        w.update(moe_layer_weights(p, c, lin))
+        if _is_moe_layer(c, i):
+            w.update(moe_layer_weights(p, c, lin))
+        else:  # a dense SwiGLU MLP (mlp_only_layers, decoder_sparse_step)
+            w[p + "mlp.gate_proj.weight"] = lin(c["intermediate_size"], h)
+            w[p + "mlp.up_proj.weight"] = lin(c["intermediate_size"], h)
+            w[p + "mlp.down_proj.weight"] = lin(h, c["intermediate_size"])
     w["model.norm.weight"] = offset(h)
     # Logits spread over ~9 units, with token-dependent row norms (as in trained LMs: a heavier
     # top tail), so the top-1/top-2 margin of a greedy step is > 0.5 in ~90% of steps. The
@@ -128,7 +140,30 @@ def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
     row_gain = torch.exp(0.3 * torch.randn(vocab, 1, generator=g))
     row_gain[[c["eos_token_id"], c["bos_token_id"]]] = 0.5
     w["lm_head.weight"] = lin(vocab, h) * (8.0 * row_gain)
+    if c.get("tie_word_embeddings"):
+        del w["lm_head.weight"]
     return {k: v.to(STORAGE_DTYPE).contiguous() for k, v in w.items()}
+
+
+def variant_config(overrides: dict) -> dict:
+    """The embedded model's config with ``overrides``; ``layer_types`` follows
+    ``num_hidden_layers`` and ``full_attention_interval`` unless given."""
+    c = {**CONFIG, **overrides}
+    if "layer_types" not in overrides:
+        k = c["full_attention_interval"]
+        c["layer_types"] = ["full_attention" if (i + 1) % k == 0 else "linear_attention"
+                            for i in range(c["num_hidden_layers"])]
+    if len(c["layer_types"]) != c["num_hidden_layers"]:
+        raise ValueError(f"layer_types has {len(c['layer_types'])} entries for "
+                         f"{c['num_hidden_layers']} layers")
+    return c
+
+
+def save_variant(out_dir: str | Path, overrides: dict, seed: int = 0) -> Path:
+    """A checkpoint of another configuration of the architecture (other widths, head
+    counts, experts, layers), same weight conventions, in ``out_dir``."""
+    c = variant_config(overrides)
+    return save_model(Path(out_dir), c, make_weights(seed, c))
 
 
 def main(out_dir: str | None = None) -> Path:

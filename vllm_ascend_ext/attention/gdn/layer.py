@@ -23,6 +23,7 @@ from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
 from vllm_ascend_ext.attention.gdn.backend import AscendGdnBackend
 from vllm_ascend_ext.attention.gdn.core import GdnDims, GdnWeights, gdn_core
 from vllm_ascend_ext.attention.gdn.ops_table import GdnOps, gdn_ops_for
+from vllm_ascend_ext.errors import AscendExtError
 
 logger = init_logger("vllm.ascend_ext")
 OP_NAMESPACE = "ascend_ext"
@@ -53,6 +54,22 @@ def conv_state_view(conv: torch.Tensor) -> torch.Tensor:
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
     return conv.transpose(-1, -2) if is_conv_state_dim_first() else conv
+
+
+class ConvWeightError(AscendExtError):
+    """The GDN conv weight is not in the plain layout the conv op reads."""
+
+
+def conv_taps(conv1d) -> torch.Tensor:
+    """The conv weight as ``[K, dim]`` (a view of vLLM's ``[dim, 1, K]`` parameter), or a
+    refusal when something repacked it (vLLM's CPU GEMM dispatch packs bf16 width-4 conv
+    weights in place for its own kernel: read as plain taps they are garbage)."""
+    w = conv1d.weight
+    if hasattr(conv1d, "_cpu_unpacked_conv_weight") or w.dim() != 3 or w.shape[1] != 1:
+        raise ConvWeightError(
+            f"GDN conv1d weight has shape {tuple(w.shape)}: it was repacked after loading "
+            "(vLLM's CPU GEMM dispatch), not the [dim, 1, K] taps the plugin's conv op reads")
+    return w.view(w.shape[0], w.shape[-1]).t()
 
 
 def run_gdn_forward(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
@@ -92,6 +109,10 @@ class AscendGatedDeltaNet(QwenGatedDeltaNetAttention):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # The conv op reads the taps as plain [dim, 1, K] values: keep vLLM's CPU weight
+        # dispatch from repacking them in place (it does for bf16, width 4, on CPUs with
+        # AVX-512 BF16), as vLLM's MLA keeps kv_b_proj (docs/hybrid.md).
+        self.conv1d._cpu_skip_gemm_dispatch = True
         self._forward_method = self.forward_ascend
         self.gdn_ops: GdnOps = gdn_ops_for(
             _current_family(), num_spec=self.num_spec,
@@ -108,8 +129,7 @@ class AscendGatedDeltaNet(QwenGatedDeltaNetAttention):
         return AscendGdnBackend
 
     def gdn_weights(self) -> GdnWeights:
-        w = self.conv1d.weight
-        return GdnWeights(conv_weight=w.view(w.shape[0], w.shape[-1]).t(),
+        return GdnWeights(conv_weight=conv_taps(self.conv1d),
                           conv_bias=self.conv1d.bias, a_log=self.A_log, dt_bias=self.dt_bias,
                           silu=self.activation in ("silu", "swish"))
 
