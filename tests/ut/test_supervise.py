@@ -94,3 +94,51 @@ def test_without_a_supervisor_the_report_is_a_no_op(monkeypatch):
     report_shutdown_timeout(10)  # nothing to write to, nothing raised
     monkeypatch.setenv(REPORT_FD_ENV, "987654")  # a descriptor that is not open
     report_shutdown_timeout(10)
+
+
+# A stand-in for a server still starting: reports its drain window with a health URL
+# nobody answers (so never "ready"), or reports nothing at all (still importing); it
+# ignores SIGTERM as vLLM 0.32's API server does while it waits for its engine.
+STARTING = textwrap.dedent("""
+    import os, signal, sys, time
+    from vllm_ascend_ext.cli.supervise import report_shutdown_timeout
+    mode = sys.argv[1]
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode == "engine":
+        report_shutdown_timeout(10, "http://127.0.0.1:9/health")  # discard port: never up
+    print("server", os.getsid(0), os.getpid(), flush=True)
+    while True:
+        time.sleep(0.05)
+""")
+
+
+@pytest.mark.parametrize("phase,sig,said", [
+    ("engine", signal.SIGINT, "while starting the engine (loading the model"),
+    ("import", signal.SIGTERM, "while starting the server process (importing vLLM"),
+])
+def test_a_stop_while_starting_ends_within_seconds_with_the_interrupted_status(phase, sig, said):
+    proc = subprocess.Popen([sys.executable, "-c", SUPERVISOR, STARTING, "60", phase],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().split()[0] == "server"
+    time.sleep(0.5)
+    code, _, err, took = _stop(proc, sig)
+    assert code == 128 + sig and took < 5, (code, took, err)
+    assert f"interrupted ({signal.Signals(sig).name}) {said}" in err
+    assert "nothing is served yet" in err and "in-flight requests" not in err
+    assert "stopped before it served" in err and "Traceback" not in err
+
+
+def test_health_url_probes_loopback_for_wildcard_hosts():
+    from argparse import Namespace
+
+    from vllm_ascend_ext.cli.vllm_commands import health_url
+
+    def url(**kw):
+        base = dict(uds=None, host=None, port=8000, ssl_certfile=None)
+        return health_url(Namespace(**{**base, **kw}))
+
+    assert url() == "http://127.0.0.1:8000/health"
+    assert url(host="0.0.0.0", port=9) == "http://127.0.0.1:9/health"
+    assert url(host="::") == "http://[::1]:8000/health"
+    assert url(host="10.1.2.3", ssl_certfile="c.pem") == "https://10.1.2.3:8000/health"
+    assert url(uds="/tmp/s.sock") is None

@@ -38,21 +38,76 @@ SERVER_MODULE = "vllm_ascend_ext.cli.server_process"
 # Seconds an orderly stop may spend finishing in-flight requests (vLLM's default: 0).
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10
 GRACE_S = 15.0  # beyond the drain: engine-core and worker teardown
-# The server writes its effective --shutdown-timeout to this inherited descriptor.
+# The server writes its progress to this inherited descriptor: "drain <seconds>" once its
+# arguments are parsed (the engine starts next), "ready" once it answers /health.
 REPORT_FD_ENV = "ASCEND_EXT_SERVE_REPORT_FD"
 PR_SET_PDEATHSIG = 1
 
+# What a server is doing before it serves, by the last report it sent.
+STARTING = {
+    None: "starting the server process (importing vLLM, reading the arguments)",
+    "drain": "starting the engine (loading the model, compiling, allocating the KV cache)",
+}
 
-def report_shutdown_timeout(seconds: float) -> None:
-    """In the server process: tell the supervisor (if any) the drain window in use."""
-    fd = os.environ.pop(REPORT_FD_ENV, None)
-    if fd is None:
+
+class ServerReport:
+    """In the server process: the progress reports to the supervisor (if any)."""
+
+    def __init__(self) -> None:
+        fd = os.environ.pop(REPORT_FD_ENV, None)
+        self.fd = int(fd) if fd is not None and fd.isdigit() else None
+
+    def send(self, line: str) -> bool:
+        if self.fd is None:
+            return False
+        try:
+            os.write(self.fd, f"{line}\n".encode())
+            return True
+        except OSError:  # no supervisor listening: nothing to tell
+            self.close()
+            return False
+
+    def close(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+
+
+def report_shutdown_timeout(seconds: float, health_url: str | None = None) -> None:
+    """In the server process: tell the supervisor the drain window in use; then, from a
+    daemon thread, "ready" once ``health_url`` answers 200 (None: the server cannot be
+    probed, e.g. a Unix socket; it counts as ready at once)."""
+    report = ServerReport()
+    if not report.send(f"drain {seconds}"):
         return
-    try:
-        os.write(int(fd), f"{seconds}\n".encode())
-        os.close(int(fd))
-    except (OSError, ValueError):  # no supervisor listening: nothing to tell
-        pass
+    if health_url is None:
+        report.send("ready")
+        report.close()
+        return
+    import threading
+
+    threading.Thread(target=_report_when_healthy, args=(report, health_url),
+                     name="ascend_ext-ready-probe", daemon=True).start()
+
+
+def _report_when_healthy(report: ServerReport, url: str, period_s: float = 0.25) -> None:
+    import ssl
+    import urllib.request
+
+    unverified = ssl._create_unverified_context()  # our own server, on its own address
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=unverified) as resp:
+                if resp.status == 200:
+                    report.send("ready")
+                    report.close()
+                    return
+        except (OSError, ValueError):  # not listening or not healthy yet
+            pass
+        time.sleep(period_s)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -68,20 +123,37 @@ def _say(message: str) -> None:
 
 
 class _Stops:
-    """Stop requests (signal times) and the drain window, as the server reported it."""
+    """Stop requests (signals and their times), the server's progress and drain window."""
 
     def __init__(self, grace_s: float) -> None:
         self.times: list[float] = []
+        self.signals: list[int] = []
         self.drain_s = float(DEFAULT_SHUTDOWN_TIMEOUT_S)
         self.grace_s = grace_s
+        self.progress: str | None = None     # None, "drain", "ready"
+        self.stopped_starting = False        # the first stop came before "ready"
+        self._pending = b""
 
     def read_report(self, fd: int) -> None:
-        try:
-            data = os.read(fd, 64)
-        except BlockingIOError:
-            return
-        if data.strip():
-            self.drain_s = float(data.decode().split()[0])
+        while True:
+            try:
+                data = os.read(fd, 256)
+            except BlockingIOError:
+                return
+            if not data:
+                return
+            self._pending += data
+            *lines, self._pending = self._pending.split(b"\n")
+            for line in lines:
+                words = line.decode().split()
+                if words[:1] == ["drain"] and len(words) == 2:
+                    self.drain_s, self.progress = float(words[1]), "drain"
+                elif words[:1] == ["ready"]:
+                    self.progress = "ready"
+
+    @property
+    def serving(self) -> bool:
+        return self.progress == "ready"
 
     def overdue(self, now: float) -> str | None:
         if len(self.times) > 1:
@@ -93,25 +165,94 @@ class _Stops:
         return None
 
 
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):  # the group is gone already
+        pass
+
+
+def _group_members(pgid: int) -> dict[int, str]:
+    """{pid: command line} of the processes in process group ``pgid`` (Linux /proc)."""
+    members = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            if int(stat[stat.rindex(")") + 2:].split()[2]) != pgid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                members[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):  # exited meanwhile
+            continue
+    return members
+
+
+def _kill_starting_server(pgid: int, tracker_wait_s: float = 5.0) -> None:
+    """SIGKILL every process of a server that is still starting, except Python's
+    multiprocessing resource trackers, which then release the shared memory and
+    semaphores the others registered (and exit); they are killed too if they linger.
+    A SIGTERM instead makes vLLM 0.32's engine core print start-up failure tracebacks
+    (or, in the API server, wait for an engine that never comes)."""
+    trackers = set()
+    for pid, cmdline in _group_members(pgid).items():
+        if "multiprocessing.resource_tracker" in cmdline:
+            trackers.add(pid)
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + tracker_wait_s
+    while trackers and time.monotonic() < deadline:
+        trackers = {pid for pid in trackers if _alive(pid)}
+        time.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def supervise(argv: list[str], server: list[str] | None = None, grace_s: float = GRACE_S) -> int:
-    """Run ``serve argv`` in a child session until it exits; return its exit code.
+    """Run ``serve argv`` in a child session until it exits; return its exit code, or the
+    interrupted status (128 + signal: 130, 143) when it was stopped before it served.
 
     ``server`` is the command the arguments are appended to (default: the plugin's
     server process module); tests pass a stand-in.
     """
     stops = _Stops(grace_s)
     proc: subprocess.Popen | None = None
+    report_r, report_w = os.pipe()
+    os.set_blocking(report_r, False)
 
-    def on_signal(signum, frame) -> None:
-        stops.times.append(time.monotonic())
-        if len(stops.times) == 1 and proc is not None:
+    def stop(signum: int) -> None:
+        stops.read_report(report_r)
+        if stops.serving:
             proc.send_signal(signal.SIGTERM)
             _say(f"stopping: in-flight requests may finish for up to {stops.drain_s:.0f} s "
                  "(--shutdown-timeout); interrupt again to kill the server now")
+            return
+        # Nothing is served yet: stop every process of the server (API server, engine
+        # core, workers) at once; vLLM 0.32's start-up does not stop on one SIGTERM.
+        stops.stopped_starting = True
+        _say(f"interrupted ({signal.Signals(signum).name}) while {STARTING[stops.progress]}: "
+             "nothing is served yet; stopping the server")
+        _kill_starting_server(proc.pid)
+
+    def on_signal(signum, frame) -> None:
+        stops.times.append(time.monotonic())
+        stops.signals.append(signum)
+        if len(stops.times) == 1 and proc is not None:
+            stop(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    report_r, report_w = os.pipe()
-    os.set_blocking(report_r, False)
     try:
         server = server or [sys.executable, "-m", SERVER_MODULE]
         proc = subprocess.Popen([*server, *argv], start_new_session=True,
@@ -119,18 +260,27 @@ def supervise(argv: list[str], server: list[str] | None = None, grace_s: float =
                                 env={**os.environ, REPORT_FD_ENV: str(report_w)})
         os.close(report_w)
         if stops.times:  # a stop requested while the server was being started
-            proc.send_signal(signal.SIGTERM)
+            stop(stops.signals[0])
         while True:
             try:
-                return _exit_code(proc.wait(timeout=0.2))
+                code = _exit_code(proc.wait(timeout=0.2))
+                break
             except subprocess.TimeoutExpired:
                 pass
             stops.read_report(report_r)
             why = stops.overdue(time.monotonic())
             if why:
                 _say(f"{why}: killing the server (process group {proc.pid})")
-                os.killpg(proc.pid, signal.SIGKILL)
-                return _exit_code(proc.wait())
+                _signal_group(proc.pid, signal.SIGKILL)
+                code = _exit_code(proc.wait())
+                break
+        if stops.stopped_starting:
+            _signal_group(proc.pid, signal.SIGKILL)  # no engine process outlives it
+            _say("stopped before it served (any resource_tracker 'leaked shared_memory/"
+                 "semaphore objects' lines above are Python releasing what the stopped "
+                 "processes had created)")
+            return 128 + stops.signals[0]
+        return code
     finally:
         os.close(report_r)
         for s, handler in previous.items():

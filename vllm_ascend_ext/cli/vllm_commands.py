@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 
 from vllm.entrypoints.cli.run_batch import RunBatchSubcommand
 from vllm.entrypoints.cli.serve import ServeSubcommand
@@ -26,11 +27,29 @@ from vllm_ascend_ext.errors import AscendExtError
 logger = init_logger("vllm.ascend_ext")
 
 
+def health_url(args: argparse.Namespace) -> str | None:
+    """Where the server will answer ``/health`` (a wildcard host probed on loopback);
+    None for a Unix socket."""
+    if getattr(args, "uds", None):
+        return None
+    host = args.host or "127.0.0.1"
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    if ":" in host:
+        host = f"[{host}]"
+    scheme = "https" if getattr(args, "ssl_certfile", None) else "http"
+    return f"{scheme}://{host}:{args.port}/health"
+
+
 class ServeCommand(ServeSubcommand):
     @staticmethod
     def cmd(args: argparse.Namespace) -> None:
-        report_shutdown_timeout(args.shutdown_timeout)
-        ServeSubcommand.cmd(args)
+        report_shutdown_timeout(args.shutdown_timeout, health_url(args))
+        try:
+            ServeSubcommand.cmd(args)
+        except KeyboardInterrupt:
+            # vLLM 0.32 turns a SIGTERM before uvicorn runs into KeyboardInterrupt: a stop
+            # during start-up (the supervisor says so), not an error worth a traceback.
+            raise SystemExit(128 + signal.SIGTERM) from None
 
     def subparser_init(self, subparsers):
         parser = super().subparser_init(subparsers)
