@@ -12,7 +12,10 @@ machine, which moved whole processes by up to ~20% when each setting had its own
 processes in turn. Prints the median throughput of stock vLLM's passes, the
 median throughput of the emulated plugin's with its compiled kernels and (unless
 ``--skip-py``) with the Python references forced (``ASCEND_EXT_PY_REFERENCE=1``),
-and their ratios to stock (target: compiled >= 0.8x). ``--long`` adds the same
+and their ratios to stock (target: compiled >= 0.8x), each with the interquartile range
+of its pairs; a ratio is not printed from fewer than 5 pairs, nor where the pairs' IQR
+exceeds half the median (a loaded machine: the cell says "noise"), and every pair is
+listed under the table. ``--long`` adds the same
 comparison with ~2k-token contexts. Unless ``--skip-op``, also times the FIA
 operator (Python reference, compiled kernel) against vLLM's CPU attention kernel
 on the same batches.
@@ -176,6 +179,26 @@ def _time(fn, reps) -> float:
     return ts[len(ts) // 2] * 1e3
 
 
+MIN_PAIRS = 5        # fewer paired passes support no ratio (single pairs scatter 0.1-3x)
+MAX_SPREAD = 0.5     # an interquartile range wider than this share of the median: noise
+
+
+def ratio_summary(ratios: list[float], min_pairs: int = MIN_PAIRS,
+                  max_spread: float = MAX_SPREAD) -> tuple[float | None, str]:
+    """(the median pair ratio, or None where the pairs cannot support one; its cell text).
+
+    A ratio needs ``min_pairs`` paired passes and an interquartile range within
+    ``max_spread`` of the median; otherwise the cell says why, and the pairs (printed
+    below the table) are all there is."""
+    n = len(ratios)
+    if n < min_pairs:
+        return None, f"n/a ({n} pair{'s' if n != 1 else ''} < {min_pairs})"
+    q1, med, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    if q3 - q1 > max_spread * med:
+        return None, f"noise (IQR {q1:.2f}-{q3:.2f})"
+    return med, f"{med:.2f} (IQR {q1:.2f}-{q3:.2f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
@@ -192,8 +215,8 @@ def main() -> None:
     if not args.skip_py:
         configs.append(("Python refs", True, True))
     print(f"{'workload':<10}" + "".join(f" {name + ' tok/s':>18}" + ("" if name == "stock" else
-                                        f" {'ratio':>6}") for name, _, _ in configs),
-          flush=True)
+                                        f" {'ratio (median of pairs)':>24}")
+                                        for name, _, _ in configs), flush=True)
     for name in names:
         children = {c: Child(name, emulate, py) for c, emulate, py in configs}
         for c, emulate, _ in configs:
@@ -211,7 +234,7 @@ def main() -> None:
             line += f" {statistics.median(p['tokens'] / p['seconds'] for p in passes[cname]):>18.1f}"
             if cname != "stock":
                 ratios = [s["seconds"] / p["seconds"] for s, p in zip(passes["stock"], passes[cname])]
-                line += f" {statistics.median(ratios):>6.2f}"
+                line += f" {ratio_summary(ratios)[1]:>24}"
         print(line, flush=True)
         print("  pair ratios (stock time / setting time, per round): " + "; ".join(
             f"{c} " + " ".join(f"{s['seconds'] / p['seconds']:.2f}"

@@ -15,6 +15,7 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 SETUP = "setup"        # verified against .ci/run; CI runs it
+TESTS = "tests"        # the test command, verified against .ci/run; CI runs it
 RUN = "run"            # must exit 0
 SERVER = "server"      # runs in the background until the next non-client block
 CLIENT = "client"      # runs while the server above is up
@@ -24,6 +25,7 @@ SKIP = "skip"          # needs an NPU / illustration
 # Tag line -> kind; the longest matching prefix wins.
 TAGS = {
     "# runs on CPU: the set-up, exactly what .ci/run runs": SETUP,
+    "# runs on CPU: the tests, exactly what .ci/run runs": TESTS,
     "# runs on CPU: starts a server (Ctrl-C stops it)": SERVER,
     "# runs on CPU, with the server above": CLIENT,
     "# runs on CPU: exits 2 on purpose": FAILS,

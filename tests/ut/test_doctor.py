@@ -6,11 +6,12 @@ import json
 from argparse import Namespace
 
 from vllm_ascend_ext.cli import doctor
-from vllm_ascend_ext.platform import npu_host, probe
+from vllm_ascend_ext.platform import activation, npu_host, probe
 
 
 def test_reports_the_npu_platform_facts_and_is_healthy_for_emulation(monkeypatch, capsys):
     monkeypatch.setattr(probe, "npu_device_nodes", lambda: [])           # no NPU devices
+    monkeypatch.setenv("ASCEND_EXT_EMULATE", "1")
     assert doctor.run(Namespace(json=True)) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["healthy"] and data["problems"] == []
@@ -40,6 +41,7 @@ def test_an_npu_host_with_a_wrong_stack_is_unhealthy_with_reasons(monkeypatch, c
     monkeypatch.setattr(npu_host, "distribution_version", lambda name: versions.get(name))
     monkeypatch.setattr(npu_host, "cann_version", lambda home=None: "8.3.RC1")
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend910_9391")
+    monkeypatch.setattr(activation, "activation", lambda: activation.Activation("npu", "stub"))
     assert doctor.run(Namespace(json=False)) == 1
     out = capsys.readouterr().out
     assert "mode: npu" in out and "family: A3" in out and "source: ASCEND_EXT_SOC" in out
@@ -52,6 +54,7 @@ def test_an_npu_host_with_a_wrong_stack_is_unhealthy_with_reasons(monkeypatch, c
 
 def test_an_unknown_soc_is_a_problem(monkeypatch):
     monkeypatch.setattr(probe, "npu_device_nodes", lambda: [])
+    monkeypatch.setenv("ASCEND_EXT_EMULATE", "1")
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend999")
     data, problems = doctor.report()
     assert not data["healthy"] and problems[0].startswith("SoC: unknown Ascend SoC 'ascend999'")
@@ -73,3 +76,26 @@ def test_smoke_runs_only_on_an_npu_and_a_failing_case_is_a_problem(monkeypatch, 
     assert data["operator_smoke"]["ran"] is True and data["operator_smoke"]["ok"] is False
     assert any(p.startswith("smoke <lambda>: npu_fused_infer_attention_score max abs err")
                for p in data["problems"])
+
+
+def test_without_emulation_on_a_cpu_the_platform_is_inactive_and_doctor_says_so(monkeypatch,
+                                                                                capsys):
+    monkeypatch.setattr(probe, "npu_device_nodes", lambda: [])
+    monkeypatch.setattr(probe, "torch_npu_installed", lambda: False)
+    monkeypatch.delenv("ASCEND_EXT_EMULATE", raising=False)
+    assert doctor.run(Namespace(json=True)) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert not data["healthy"] and data["host"]["emulate_requested"] is False
+    assert data["host"]["mode"].startswith("inactive (no Ascend NPU here: set "
+                                           "ASCEND_EXT_EMULATE=1")
+    assert data["problems"] == [data["problems"][0]] and "ASCEND_EXT_EMULATE=1" in data["problems"][0]
+
+
+def test_lists_every_embedded_tiny_model(monkeypatch):
+    from vllm_ascend_ext.cli.plugin_commands import _tiny_paths
+
+    monkeypatch.setenv("ASCEND_EXT_EMULATE", "1")
+    models = doctor.report()[0]["tiny_models"]
+    assert set(models) == set(_tiny_paths()) == {"qwen3", "qwen-moe", "qwen3-next", "dsa",
+                                                 "dsa-w8a8"}
+    assert all(m["present"] for m in models.values())

@@ -29,8 +29,13 @@ def test_every_command_block_carries_a_tag():
 
 
 def test_ci_runs_exactly_readme_install_and_test_commands():
-    setup = next(b for b in rb.parse() if b.kind == rb.SETUP)
-    install, test = [ln for ln in setup.text.splitlines() if ln.strip() and not ln.startswith("#")]
+    def commands(kind):
+        blocks = [b for b in rb.parse() if b.kind == kind]
+        assert len(blocks) == 1, kind
+        return [ln for ln in blocks[0].text.splitlines() if ln.strip() and not ln.startswith("#")]
+
+    # two steps: the install, then the tests
+    (install,), (test,) = commands(rb.SETUP), commands(rb.TESTS)
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
           if line.strip() and not line.startswith(("#", "set ", "cd "))]
     assert ci == [install, test]

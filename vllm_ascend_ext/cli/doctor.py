@@ -4,9 +4,10 @@ Everything is read without starting the NPU runtime and without downloading anyt
 package versions from their metadata, the SoC from ``ASCEND_EXT_SOC`` or ``npu-smi``,
 CANN from its install files. ``--smoke`` adds, on an NPU host, one case per operator the
 plugin calls against its reference (``tools/npu_parity.py``; this starts the runtime in
-the doctor's own process). Exit 0 when the plugin can serve here (an NPU host whose stack
-passes the version check and, with ``--smoke``, every operator case; or any machine for
-emulation), 1 with the reasons otherwise.
+the doctor's own process). Exit 0 when the plugin's platform is active in this
+environment and can serve (an NPU host whose stack passes the version check and, with
+``--smoke``, every operator case; or emulation, ``ASCEND_EXT_EMULATE=1``), 1 with the
+reasons otherwise (an inactive platform names what is missing).
 """
 
 from __future__ import annotations
@@ -142,11 +143,20 @@ def _smoke(requested: bool, problems: list[str]) -> dict:
             "ok": all(c["ok"] for c in cases)}
 
 
+def _tiny_models() -> dict:
+    """Every embedded tiny model (``tiny-model-path`` names) and whether it is in place."""
+    from vllm_ascend_ext.cli.plugin_commands import _tiny_paths
+
+    return {name: {"path": path(), "present": Path(path(), "config.json").is_file()}
+            for name, path in _tiny_paths().items()}
+
+
 def report(smoke: bool = False) -> tuple[dict, list[str]]:
     import torch
 
     from vllm_ascend_ext import envs
     from vllm_ascend_ext.platform import npu_host, versions
+    from vllm_ascend_ext.platform.activation import activation
 
     problems: list[str] = []
     from vllm_ascend_ext.platform import probe
@@ -170,19 +180,22 @@ def report(smoke: bool = False) -> tuple[dict, list[str]]:
         except versions.NpuStackError as exc:
             check = str(exc)
             problems.append(f"stack: {exc}")
+    state = activation()
+    if not state.active:
+        problems.append(f"platform: not active in this environment: {state.why}")
+    mode = {"npu": "npu", "emulation": "emulation (ASCEND_EXT_EMULATE=1)"}.get(
+        state.mode, f"inactive ({state.why})")
     out = {
         "stack": stack,
         "stack_check": check,
         "host": {"npu_devices": devices, "npu_smi": shutil.which(npu_host.NPU_SMI),
-                 "mode": "npu" if npu_host_here else "emulation (ASCEND_EXT_EMULATE=1)",
-                 "emulate_requested": envs.emulate_requested()},
+                 "mode": mode, "emulate_requested": envs.emulate_requested()},
         "soc": _soc(problems),
         "extension": _extension(),
         "npu_platform": _npu_platform(),
         "contract_oracle": _oracle(),
         "operator_smoke": _smoke(smoke, problems),
-        "tiny_models": {"qwen3": Path(__file__).resolve().parents[1].joinpath(
-            "models", "tiny_qwen3").is_dir()},
+        "tiny_models": _tiny_models(),
     }
     out["healthy"] = not problems
     out["problems"] = problems

@@ -198,9 +198,57 @@ def console_main(argv: list[str] | None = None, supervised: bool = True) -> NoRe
     sys.exit(main(argv, supervised=supervised))
 
 
+def has_ascend_ext_config(argv: list[str]) -> bool:
+    """Whether ``--additional-config`` on the command line has an ``ascend_ext`` section
+    (a ``--config`` file is not read here; the platform checks it when active)."""
+    import json
+
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name.replace("_", "-") != "--additional-config":
+            continue
+        value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        try:
+            config = json.loads(value)
+        except ValueError:
+            return "ascend_ext" in value
+        if isinstance(config, dict) and "ascend_ext" in config:
+            return True
+    return False
+
+
+def inactive_platform_check(argv: list[str]) -> int | None:
+    """Before anything runs: a command that asks for the plugin (an ``ascend_ext``
+    configuration: exit 2; ``serve``: one notice line) where its platform is not active,
+    so that the cause is the first thing said. None to go on."""
+    if not argv or "-h" in argv or "--help" in argv:
+        return None
+    from vllm_ascend_ext.platform.activation import activation
+
+    state = activation()
+    if state.active:
+        return None
+    if has_ascend_ext_config(argv):
+        print("error: --additional-config has an 'ascend_ext' section but the plugin's "
+              f"platform is not active: {state.why}", file=sys.stderr, flush=True)
+        return EXIT_CODE
+    if argv[0] == "serve":
+        print(f"ascend_ext: the plugin's platform is not active ({state.why}); this serves "
+              "stock vLLM", file=sys.stderr, flush=True)
+    return None
+
+
 def main(argv: list[str] | None = None, supervised: bool = True) -> int:
     """Run one command; ``serve`` runs under the supervisor unless ``supervised`` is False."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if supervised:  # the server process of a supervised serve was checked already
+        try:
+            code = inactive_platform_check(argv)
+        except AscendExtError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_CODE
+        if code is not None:
+            return code
     if supervised and argv[:1] == ["serve"]:
         from vllm_ascend_ext.cli.supervise import supervise
 
