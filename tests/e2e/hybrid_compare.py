@@ -173,15 +173,19 @@ def plugin_layers(llm, prompt: list[int], max_tokens: int) -> dict[str, torch.Te
     finally:
         for h in handles:
             h.remove()
-    n_pos = len(prompt) + max_tokens - 1
+    # rows past the step's tokens (padding) carry no position of this request
+    n_pos = max(len(prompt) + max_tokens - 1, 1 + max(int(p.max()) for p in positions))
     out = {}
     for name, chunks in rows.items():
         full = torch.full((n_pos, chunks[0].shape[-1]), float("nan"), dtype=torch.float64)
         for pos, val in zip(positions, chunks):
-            keep = pos[: val.shape[0]].long()
-            full[keep[: val.shape[0]]] = val[: keep.shape[0]]
+            n = min(pos.shape[0], val.shape[0])
+            full[pos[:n].long()] = val[:n]
         out[name] = full
     out["_tokens"] = torch.tensor(tokens[0])
+    want = len(prompt) + max_tokens - 1           # the positions the request computed
+    out["_missing"] = sum(int(v[:want].isnan().any(-1).sum()) for v in out.values()
+                          if v.is_floating_point())
     return out
 
 
@@ -313,15 +317,18 @@ def compare(path: str, args) -> dict:
                                          exact_lp)
         result["prompts"].append(entry)
     result["excused_fraction"] = excused_fraction(result)
+    # bf16 is judged against transformers bf16's own rounding: without it, no verdict
     result["failures"] = (fp32_failures(result) if args.dtype == "float32"
-                          else bf16_failures(result) if hf else [])
+                          else bf16_failures(result) if hf else None)
     if args.layers is not None:
         prompt = prompts[args.layers]
         got = plugin_layers(llm, prompt, args.max_tokens)
         seq = prompt + got.pop("_tokens").tolist()[:-1]
+        missing = got.pop("_missing")
         exact = dense.forward(seq)
         ref_run = hf_layers(hf[f"hf_{args.dtype}"], seq)
-        result["layers"] = {"prompt": args.layers, "len": len(prompt), **first_departure(
+        result["layers"] = {"prompt": args.layers, "len": len(prompt),
+                            "missing_rows": missing, **first_departure(
             got, exact["parts"], ref_run, config["num_hidden_layers"], args.noise_factor,
             args.floor), "routing": routing_report(got, exact["routers"], top_k, tie_eps)}
     return result
@@ -344,7 +351,8 @@ def report(result: dict) -> None:
         gap = "-" if ties["min_gap"] is None else f"{ties['min_gap']:.1e}"
         print(f"{e['len']:10d} | " + " | ".join(cells) + f" | {ties['positions']}; {gap}")
     print(f"positions a routing tie excuses: {result['excused_fraction']:.1%}")
-    print("verdict: " + ("PASS" if not result["failures"] else
+    print("verdict: " + ("not judged (bf16 needs transformers bf16: drop --no-hf)"
+                         if result["failures"] is None else "PASS" if not result["failures"] else
                          "FAIL\n  " + "\n  ".join(result["failures"][:12])))
     if "layers" in result:
         lay = result["layers"]

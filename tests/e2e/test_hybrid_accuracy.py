@@ -59,6 +59,7 @@ def test_embedded_model_float32_matches_every_reference(embedded_fp32):
 
 def test_layer_mode_finds_no_departure_on_the_embedded_model(embedded_fp32):
     lay = embedded_fp32["layers"]
+    assert lay["missing_rows"] == 0       # every position's every part was recorded
     assert lay["first"] is None, lay["first"]
     assert not [f for f in lay["routing"]["flips"] if not f["tie"]], lay["routing"]
     # every layer part was compared over the prompt and the 15 decode positions
@@ -81,6 +82,8 @@ def test_tied_word_embeddings_are_tied():
     tied = {**SECOND, "num_hidden_layers": 4, "tie_word_embeddings": True}
     res = compare("--variant", json.dumps(tied), "--prompts", "3", "--no-hf")
     assert res["failures"] == [], res["failures"]
+    assert res["excused_fraction"] <= MAX_EXCUSED and all(len(e["tokens"]) == 16
+                                                          for e in res["prompts"])
 
 
 def test_negative_control_reversed_conv_taps_are_named_in_the_first_gdn_layer():

@@ -33,7 +33,9 @@ def host(monkeypatch):
 
 def test_emulation_and_npu_are_active(host, monkeypatch):
     host(devices=["/dev/davinci0"], torch_npu=True)
-    assert act.activation().mode == "npu"
+    assert act.activation().mode == "npu" == act.activation(verify=True).mode
+    host(devices=["/dev/davinci0"], torch_npu=True, broken=True)
+    assert act.activation().mode == "npu"          # torch_npu is not imported unverified
     monkeypatch.setenv("ASCEND_EXT_EMULATE", "1")
     host()
     assert act.activation().mode == "emulation" and act.activation().active
@@ -49,8 +51,18 @@ def test_emulation_and_npu_are_active(host, monkeypatch):
 ])
 def test_an_inactive_platform_names_what_is_missing(host, kw, says):
     host(**kw)
-    state = act.activation()
+    state = act.activation(verify=True)
     assert not state.active and says in state.why and "ASCEND_EXT_EMULATE=1" in state.why
+
+
+def test_vllm_plugins_without_the_plugin_is_inactive(host, monkeypatch):
+    host()
+    monkeypatch.setenv("ASCEND_EXT_EMULATE", "1")
+    monkeypatch.setenv("VLLM_PLUGINS", "ascend")
+    state = act.activation()
+    assert not state.active and "VLLM_PLUGINS='ascend' does not load ascend_ext" in state.why
+    monkeypatch.setenv("VLLM_PLUGINS", "lora, ascend_ext")
+    assert act.activation().mode == "emulation"
 
 
 @pytest.mark.parametrize("argv,found", [
@@ -58,6 +70,7 @@ def test_an_inactive_platform_names_what_is_missing(host, kw, says):
     (["serve", "m", '--additional-config={"ascend_ext": {}}'], True),
     (["serve", "m", "--additional_config", '{"other": 1}'], False),
     (["serve", "m", "--additional-config", "{ascend_ext: broken json"], True),
+    (["serve", "m", "--additional-config.ascend_ext.mixed_split=on"], True),
     (["serve", "m"], False),
 ])
 def test_ascend_ext_configuration_on_the_command_line(argv, found):

@@ -41,7 +41,8 @@ def test_an_npu_host_with_a_wrong_stack_is_unhealthy_with_reasons(monkeypatch, c
     monkeypatch.setattr(npu_host, "distribution_version", lambda name: versions.get(name))
     monkeypatch.setattr(npu_host, "cann_version", lambda home=None: "8.3.RC1")
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend910_9391")
-    monkeypatch.setattr(activation, "activation", lambda: activation.Activation("npu", "stub"))
+    monkeypatch.setattr(activation, "activation",
+                        lambda verify=False: activation.Activation("npu", "stub"))
     assert doctor.run(Namespace(json=False)) == 1
     out = capsys.readouterr().out
     assert "mode: npu" in out and "family: A3" in out and "source: ASCEND_EXT_SOC" in out

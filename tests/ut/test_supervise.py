@@ -105,7 +105,8 @@ STARTING = textwrap.dedent("""
     mode = sys.argv[1]
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if mode == "engine":
-        report_shutdown_timeout(10, "http://127.0.0.1:9/health")  # discard port: never up
+        from vllm_ascend_ext.cli.supervise import HealthTarget
+        report_shutdown_timeout(10, HealthTarget("127.0.0.1", 9))  # discard port: never up
     print("server", os.getsid(0), os.getpid(), flush=True)
     while True:
         time.sleep(0.05)
@@ -128,17 +129,65 @@ def test_a_stop_while_starting_ends_within_seconds_with_the_interrupted_status(p
     assert "stopped before it served" in err and "Traceback" not in err
 
 
-def test_health_url_probes_loopback_for_wildcard_hosts():
+def test_health_target_probes_loopback_for_wildcard_hosts():
     from argparse import Namespace
 
-    from vllm_ascend_ext.cli.vllm_commands import health_url
+    from vllm_ascend_ext.cli.supervise import HealthTarget
+    from vllm_ascend_ext.cli.vllm_commands import health_target
 
-    def url(**kw):
-        base = dict(uds=None, host=None, port=8000, ssl_certfile=None)
-        return health_url(Namespace(**{**base, **kw}))
+    def target(**kw):
+        base = dict(uds=None, host=None, port=8000, ssl_certfile=None, ssl_cert_reqs=0,
+                    headless=False, grpc=False)
+        return health_target(Namespace(**{**base, **kw}))
 
-    assert url() == "http://127.0.0.1:8000/health"
-    assert url(host="0.0.0.0", port=9) == "http://127.0.0.1:9/health"
-    assert url(host="::") == "http://[::1]:8000/health"
-    assert url(host="10.1.2.3", ssl_certfile="c.pem") == "https://10.1.2.3:8000/health"
-    assert url(uds="/tmp/s.sock") is None
+    assert target() == HealthTarget("127.0.0.1", 8000)
+    assert target(host="0.0.0.0", port=9) == HealthTarget("127.0.0.1", 9)
+    assert target(host="::") == HealthTarget("::1", 8000)
+    assert target(host="10.1.2.3", ssl_certfile="c.pem") == HealthTarget("10.1.2.3", 8000, True)
+    assert target(uds="/tmp/s.sock") == HealthTarget(unix_path="/tmp/s.sock")
+    # no HTTP server, or client certificates required: cannot be probed (counts as serving)
+    assert target(headless=True) is None and target(grpc=True) is None
+    assert target(ssl_certfile="c.pem", ssl_cert_reqs=2) is None
+
+
+def _health_server(family_kw):
+    import http.server
+    import socketserver
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    if "unix_path" in family_kw:
+        class Server(socketserver.UnixStreamServer):
+            def get_request(self):
+                conn, _ = super().get_request()
+                return conn, ("local", 0)
+        srv = Server(family_kw["unix_path"], Handler)
+    else:
+        srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_the_health_probe_ignores_proxies_and_reaches_unix_sockets(monkeypatch, tmp_path):
+    from vllm_ascend_ext.cli.supervise import HealthTarget, health_ok
+
+    monkeypatch.setenv("http_proxy", "http://proxy.invalid:3128")   # never used
+    srv = _health_server({})
+    try:
+        assert health_ok(HealthTarget("127.0.0.1", srv.server_address[1]))
+    finally:
+        srv.shutdown()
+    assert not health_ok(HealthTarget("127.0.0.1", srv.server_address[1]), timeout_s=0.5)
+    sock = str(tmp_path / "s.sock")
+    usrv = _health_server({"unix_path": sock})
+    try:
+        assert health_ok(HealthTarget(unix_path=sock))
+    finally:
+        usrv.shutdown()

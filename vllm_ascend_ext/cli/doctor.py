@@ -180,7 +180,7 @@ def report(smoke: bool = False) -> tuple[dict, list[str]]:
         except versions.NpuStackError as exc:
             check = str(exc)
             problems.append(f"stack: {exc}")
-    state = activation()
+    state = activation(verify=smoke)  # --smoke starts the NPU runtime anyway
     if not state.active:
         problems.append(f"platform: not active in this environment: {state.why}")
     mode = {"npu": "npu", "emulation": "emulation (ASCEND_EXT_EMULATE=1)"}.get(

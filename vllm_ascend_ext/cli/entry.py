@@ -205,7 +205,10 @@ def has_ascend_ext_config(argv: list[str]) -> bool:
 
     for i, arg in enumerate(argv):
         name, eq, value = arg.partition("=")
-        if name.replace("_", "-") != "--additional-config":
+        name = name.replace("_", "-")
+        if name.startswith("--additional-config.ascend-ext"):  # vLLM's dotted form
+            return True
+        if name != "--additional-config":
             continue
         value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
         try:
@@ -221,7 +224,7 @@ def inactive_platform_check(argv: list[str]) -> int | None:
     """Before anything runs: a command that asks for the plugin (an ``ascend_ext``
     configuration: exit 2; ``serve``: one notice line) where its platform is not active,
     so that the cause is the first thing said. None to go on."""
-    if not argv or "-h" in argv or "--help" in argv:
+    if not argv or any(a == "-h" or a.startswith("--help") for a in argv):
         return None
     from vllm_ascend_ext.platform.activation import activation
 

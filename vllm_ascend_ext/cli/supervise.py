@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 SERVER_MODULE = "vllm_ascend_ext.cli.server_process"
 # Seconds an orderly stop may spend finishing in-flight requests (vLLM's default: 0).
@@ -76,38 +77,67 @@ class ServerReport:
             self.fd = None
 
 
-def report_shutdown_timeout(seconds: float, health_url: str | None = None) -> None:
+class HealthTarget(NamedTuple):
+    """Where the server answers ``GET /health``: a TCP host and port (TLS or not), or a
+    Unix socket path."""
+    host: str | None = None
+    port: int | None = None
+    tls: bool = False
+    unix_path: str | None = None
+
+
+def report_shutdown_timeout(seconds: float, health: HealthTarget | None = None) -> None:
     """In the server process: tell the supervisor the drain window in use; then, from a
-    daemon thread, "ready" once ``health_url`` answers 200 (None: the server cannot be
-    probed, e.g. a Unix socket; it counts as ready at once)."""
+    daemon thread, "ready" once the server answers ``/health`` with 200 (None: it cannot
+    be probed, e.g. no HTTP server or client certificates required; it counts as ready at
+    once, so a stop always drains)."""
     report = ServerReport()
     if not report.send(f"drain {seconds}"):
         return
-    if health_url is None:
+    if health is None:
         report.send("ready")
         report.close()
         return
     import threading
 
-    threading.Thread(target=_report_when_healthy, args=(report, health_url),
+    threading.Thread(target=_report_when_healthy, args=(report, health),
                      name="ascend_ext-ready-probe", daemon=True).start()
 
 
-def _report_when_healthy(report: ServerReport, url: str, period_s: float = 0.25) -> None:
-    import ssl
-    import urllib.request
+def health_ok(target: HealthTarget, timeout_s: float = 2.0) -> bool:
+    """One ``GET /health`` over a plain socket (no proxy settings apply: the server is
+    probed where it listens); True on a 200 status line."""
+    import socket
 
-    unverified = ssl._create_unverified_context()  # our own server, on its own address
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2, context=unverified) as resp:
-                if resp.status == 200:
-                    report.send("ready")
-                    report.close()
-                    return
-        except (OSError, ValueError):  # not listening or not healthy yet
-            pass
+    try:
+        if target.unix_path is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout_s)
+            sock.connect(target.unix_path)
+        else:
+            sock = socket.create_connection((target.host, target.port), timeout=timeout_s)
+        with sock:
+            conn = sock
+            if target.tls:
+                import ssl
+
+                ctx = ssl.create_default_context()
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE  # our own server, on its own address
+                conn = ctx.wrap_socket(sock, server_hostname=target.host)
+            conn.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            status = conn.recv(64).split(b"\r\n", 1)[0].split()
+            return len(status) >= 2 and status[1] == b"200"
+    except (OSError, ValueError):  # not listening or not healthy yet
+        return False
+
+
+def _report_when_healthy(report: ServerReport, target: HealthTarget,
+                         period_s: float = 0.25) -> None:
+    while not health_ok(target):
         time.sleep(period_s)
+    report.send("ready")
+    report.close()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -233,7 +263,6 @@ def supervise(argv: list[str], server: list[str] | None = None, grace_s: float =
     os.set_blocking(report_r, False)
 
     def stop(signum: int) -> None:
-        stops.read_report(report_r)
         if stops.serving:
             proc.send_signal(signal.SIGTERM)
             _say(f"stopping: in-flight requests may finish for up to {stops.drain_s:.0f} s "
@@ -246,28 +275,28 @@ def supervise(argv: list[str], server: list[str] | None = None, grace_s: float =
              "nothing is served yet; stopping the server")
         _kill_starting_server(proc.pid)
 
-    def on_signal(signum, frame) -> None:
+    def on_signal(signum, frame) -> None:  # recorded only: the loop below acts on it
         stops.times.append(time.monotonic())
         stops.signals.append(signum)
-        if len(stops.times) == 1 and proc is not None:
-            stop(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    handled = False
     try:
         server = server or [sys.executable, "-m", SERVER_MODULE]
         proc = subprocess.Popen([*server, *argv], start_new_session=True,
                                 preexec_fn=_die_with_parent, pass_fds=(report_w,),
                                 env={**os.environ, REPORT_FD_ENV: str(report_w)})
         os.close(report_w)
-        if stops.times:  # a stop requested while the server was being started
-            stop(stops.signals[0])
         while True:
+            stops.read_report(report_r)
+            if stops.times and not handled and proc.poll() is None:
+                handled = True
+                stop(stops.signals[0])
             try:
-                code = _exit_code(proc.wait(timeout=0.2))
+                code = _exit_code(proc.wait(timeout=0.1))
                 break
             except subprocess.TimeoutExpired:
                 pass
-            stops.read_report(report_r)
             why = stops.overdue(time.monotonic())
             if why:
                 _say(f"{why}: killing the server (process group {proc.pid})")

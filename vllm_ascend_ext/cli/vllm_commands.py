@@ -23,29 +23,36 @@ from vllm.entrypoints.cli.serve import ServeSubcommand
 from vllm.entrypoints.cli.snapshot import SnapshotSubcommand
 from vllm.logger import init_logger
 
-from vllm_ascend_ext.cli.supervise import DEFAULT_SHUTDOWN_TIMEOUT_S, report_shutdown_timeout
+from vllm_ascend_ext.cli.supervise import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    HealthTarget,
+    report_shutdown_timeout,
+)
 from vllm_ascend_ext.errors import AscendExtError
 
 logger = init_logger("vllm.ascend_ext")
 
 
-def health_url(args: argparse.Namespace) -> str | None:
-    """Where the server will answer ``/health`` (a wildcard host probed on loopback);
-    None for a Unix socket."""
+def health_target(args: argparse.Namespace) -> HealthTarget | None:
+    """Where the server will answer ``/health`` (a wildcard host probed on loopback); None
+    where it cannot be probed (no HTTP server: headless or gRPC; TLS that requires client
+    certificates): such a server counts as serving from the start."""
+    if getattr(args, "headless", False) or getattr(args, "grpc", False):
+        return None
     if getattr(args, "uds", None):
+        return HealthTarget(unix_path=args.uds)
+    tls = bool(getattr(args, "ssl_certfile", None))
+    if tls and getattr(args, "ssl_cert_reqs", 0):
         return None
     host = args.host or "127.0.0.1"
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    if ":" in host:
-        host = f"[{host}]"
-    scheme = "https" if getattr(args, "ssl_certfile", None) else "http"
-    return f"{scheme}://{host}:{args.port}/health"
+    return HealthTarget(host=host, port=args.port, tls=tls)
 
 
 class ServeCommand(ServeSubcommand):
     @staticmethod
     def cmd(args: argparse.Namespace) -> None:
-        report_shutdown_timeout(args.shutdown_timeout, health_url(args))
+        report_shutdown_timeout(args.shutdown_timeout, health_target(args))
         try:
             ServeSubcommand.cmd(args)
         except KeyboardInterrupt:
