@@ -53,11 +53,13 @@ from hybrid_judge import (  # noqa: E402
     BF16_TIE_EPS,
     FP32_TIE_EPS,
     PARTS,
+    bf16_counted,
     bf16_failures,
     compare_tokens,
     excused_fraction,
     first_departure,
     fp32_failures,
+    quantile,
     routing_gaps,
     routing_report,
     tie_positions,
@@ -305,6 +307,7 @@ def compare(path: str, args) -> dict:
     hf = {} if args.no_hf and args.layers is None else {
         "hf_float64": hf_model(path, torch.float64), f"hf_{args.dtype}": hf_model(path, run_dtype)}
     result = {"model": path, "dtype": args.dtype, "tie_eps": tie_eps,
+              "routed": config.get("num_experts", 0) > top_k,
               "config": {k: config[k] for k in CONFIG_SHOWN if k in config}, "prompts": []}
     for prompt, toks, lp in zip(prompts, tokens, lps):
         entry = {"len": len(prompt), "tokens": toks, "logprobs": lp}
@@ -320,6 +323,8 @@ def compare(path: str, args) -> dict:
     # bf16 is judged against transformers bf16's own rounding: without it, no verdict
     result["failures"] = (fp32_failures(result) if args.dtype == "float32"
                           else bf16_failures(result) if hf else None)
+    if args.dtype != "float32" and hf:
+        result["bf16_counted"] = bf16_counted(result)
     if args.layers is not None:
         prompt = prompts[args.layers]
         got = plugin_layers(llm, prompt, args.max_tokens)
@@ -351,6 +356,16 @@ def report(result: dict) -> None:
         gap = "-" if ties["min_gap"] is None else f"{ties['min_gap']:.1e}"
         print(f"{e['len']:10d} | " + " | ".join(cells) + f" | {ties['positions']}; {gap}")
     print(f"positions a routing tie excuses: {result['excused_fraction']:.1%}")
+    if "bf16_counted" in result:
+        errs = {name: [x for e in result["prompts"] for x in e[r][key]] for name, r, key in (
+            ("plugin", "dense_float64", "lp_gaps"), ("transformers", f"hf_{result['dtype']}",
+                                                      "tok_err"))}
+        print("bf16 logprob error at the plugin's tokens vs float64, median / 90th percentile: "
+              + "; ".join(f"{k} {quantile(v, 0.5):.3g} / {quantile(v, 0.9):.3g}"
+                          for k, v in errs.items()))
+        print("positions the per-position rule counts: " + (
+            f"{result['bf16_counted']:.0%}" if not result["routed"] else
+            "none (top-k routing: distribution only)"))
     print("verdict: " + ("not judged (bf16 needs transformers bf16: drop --no-hf)"
                          if result["failures"] is None else "PASS" if not result["failures"] else
                          "FAIL\n  " + "\n  ".join(result["failures"][:12])))

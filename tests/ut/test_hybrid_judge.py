@@ -78,23 +78,40 @@ def test_fp32_rules_fail_on_a_token_or_logprob_departure_and_excuse_after_a_tie(
     assert any("logprob gap" in f for f in hj.fp32_failures({"prompts": [late]}))
 
 
-def test_bf16_rules_count_positions_whose_margin_exceeds_bf16_noise():
+def test_bf16_rules_distribution_everywhere_positions_only_without_routing():
     refs = ("dense_float64", "hf_bfloat16")
 
-    def result(tokens, margins, noise=0.1, ties=()):
-        e = _entry(10, tokens, [1, 2, 3, 4], [0.05] * 4, ties=ties, noise=noise,
-                   margins=margins, refs=refs)
-        return {"prompts": [e]}
+    def result(tokens, margins, err=0.05, ref_err=0.05, noise=0.1, routed=False):
+        e = _entry(10, tokens, [1, 2, 3, 4], [err] * 4, noise=noise, margins=margins,
+                   refs=refs)
+        e["hf_bfloat16"]["tok_err"] = [ref_err] * 4
+        return {"routed": routed, "prompts": [e]}
 
     assert hj.bf16_failures(result([1, 2, 3, 4], [1.0] * 4)) == []
-    # token 1 differs where the margin (1.0) exceeds twice the noise (0.2): a failure,
-    # whatever routing ties the prompt has (bf16 has no tie excuse)
-    bad = hj.bf16_failures(result([1, 9, 3, 4], [1.0] * 4, ties=[0, 5, 9]))
-    assert any("generated token 1 differs" in f for f in bad)
-    # ... but not where the margin (0.15) is within bf16 noise (0.2) -- except that the
-    # plugin then agrees less often than transformers bf16 does: 3/4 < 4/4 - 2 %
-    soft = hj.bf16_failures(result([1, 9, 3, 4], [1.0, 0.15, 1.0, 1.0]))
-    assert soft and all("agrees with float64" in f for f in soft)
+    # token 1 differs where the margin (1.0) exceeds twice bf16's largest error (0.2)
+    bad = hj.bf16_failures(result([1, 9, 3, 4], [1.0] * 4))
+    assert bad == ["prompt of 10 tokens: generated token 1 differs from float64 where the "
+                   "margin 1.00 exceeds twice bf16's largest error (0.10)"]
+    assert hj.bf16_counted(result([1, 9, 3, 4], [1.0, 0.15, 1.0, 1.0])) == 0.75
+    # ... not where the margin (0.15) is within it, nor at all with top-k routing
+    assert hj.bf16_failures(result([1, 9, 3, 4], [1.0, 0.15, 1.0, 1.0])) == []
+    assert hj.bf16_failures(result([1, 9, 3, 4], [1.0] * 4, routed=True)) == []
+    # the error distribution is judged either way: more than twice transformers-bf16's
+    for routed in (False, True):
+        wide = hj.bf16_failures(result([1, 2, 3, 4], [1.0] * 4, err=0.3, ref_err=0.1,
+                                       routed=routed))
+        assert [f.split(":")[0] for f in wide] == ["bf16 logprob error, median",
+                                                   "bf16 logprob error, 90th percentile"]
+        assert hj.bf16_failures(result([1, 2, 3, 4], [1.0] * 4, err=0.19, ref_err=0.1,
+                                       routed=routed)) == []
+
+
+def test_compare_tokens_reference_error_at_the_plugins_token():
+    exact = _lp([[3.0, 1.0, 0.0], [0.0, 2.0, 1.9]])
+    ref = _lp([[3.0, 1.5, 0.0], [0.0, 2.0, 1.9]])
+    r = hj.compare_tokens([1, 2], [float(exact[0, 1]), float(exact[1, 2])], ref, exact)
+    assert r["tok_err"][0] == pytest.approx(abs(float(ref[0, 1] - exact[0, 1])))
+    assert r["tok_err"][1] == 0
 
 
 def test_first_departure_names_the_lowest_part_at_the_first_bad_position():
