@@ -1,7 +1,7 @@
 """Feed bad ``ascend_ext`` configs to vLLM's own engine-config path (emulated).
 
 Prints one JSON line: for each config (then a bad config through ``LLM(...)``, an fp8
-KV cache, a bad ``ASCEND_EXT_SOC``), the exception type and message raised by
+KV cache, data parallelism with a MoE and a dense model, a bad ``ASCEND_EXT_SOC``), the exception type and message raised by
 ``EngineArgs(...).create_engine_config()``, which runs the platform's
 ``check_and_update_config`` before any model weight is loaded.
 """
@@ -27,11 +27,11 @@ def main() -> None:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.platforms import current_platform
 
-    from vllm_ascend_ext.models import tiny_model_path
+    from vllm_ascend_ext.models import tiny_model_path, tiny_qwen_moe_path
 
-    def attempt(**kwargs) -> dict:
+    def attempt(model=None, **kwargs) -> dict:
         try:
-            EngineArgs(model=tiny_model_path(), dtype="float32", max_model_len=512,
+            EngineArgs(model=model or tiny_model_path(), dtype="float32", max_model_len=512,
                        **kwargs).create_engine_config()
             return {"ok": True}
         except Exception as exc:  # noqa: BLE001 - we report whatever vLLM surfaced
@@ -49,6 +49,10 @@ def main() -> None:
         results.append({"ok": False, "type": type(exc).__name__, "message": str(exc)})
     # An attention the backend cannot serve: refused by the preflight, still no engine.
     results.append(attempt(kv_cache_dtype="fp8"))
+    # Data parallelism: refused for a MoE model (no dispatch/combine communicator), kept
+    # for a dense one.
+    results.append(attempt(model=tiny_qwen_moe_path(), data_parallel_size=2))
+    results.append(attempt(data_parallel_size=2))
     # The SoC to emulate is read when the config is checked.
     os.environ["ASCEND_EXT_SOC"] = "ascend999"
     results.append(attempt())

@@ -53,7 +53,7 @@ def test_negative_control_corrupted_block_table_changes_the_result(runs):
 def test_bad_plugin_config_fails_before_the_engine_starts():
     res = run_script("check_config_errors.py", emulate=True, timeout=300)
     assert res["platform"] == "EmulatedAscendPlatform"
-    *bad, good, llm, fp8, soc = res["results"]
+    *bad, good, llm, fp8, dp_moe, dp_dense, soc = res["results"]
     expected = ["ascend_ext: unknown key 'mixed_splt'; did you mean 'mixed_split'",
                 "ascend_ext.mixed_split: invalid value 'false'",
                 "ascend_ext.mixed_split: expected a str",
@@ -69,5 +69,8 @@ def test_bad_plugin_config_fails_before_the_engine_starts():
                               "(allowed: 'auto', 'on', 'off')")
     assert fp8["type"] == "UnsupportedAttentionError", fp8
     assert "kv_cache_dtype not supported" in fp8["message"]
+    assert dp_moe["type"] == "AscendExtError", dp_moe
+    assert dp_moe["message"].startswith("--data-parallel-size 2 with a MoE model (8 experts)")
+    assert dp_dense == {"ok": True}, dp_dense     # the negative control: dense DP is kept
     assert soc["type"] == "AscendExtError", soc
     assert soc["message"].startswith("ASCEND_EXT_SOC='ascend999': unknown Ascend SoC 'ascend999'")

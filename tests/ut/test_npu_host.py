@@ -28,6 +28,7 @@ A5_BOARD = """
         Chip Name                      : Ascend950
         NPU Name                       : PR
 """
+A2_B4_1_CHIP = A2_CHIP.replace("910B2", "910B4-1")
 BOARD_WITHOUT_CHIP = """
         Board ID                       : 0x02
         PCB ID                         : A
@@ -38,6 +39,14 @@ BOARD_WITHOUT_CHIP = """
                                        (A5_BOARD, "ascend950"), (BOARD_WITHOUT_CHIP, None)])
 def test_soc_name_from_npu_smi(text, name):
     assert npu_host.soc_name_from_npu_smi(text) == name
+
+
+def test_npu_smi_b4_1_name_resolves_to_its_chip():
+    from vllm_ascend_ext.platform import soc
+
+    name = npu_host.soc_name_from_npu_smi(A2_B4_1_CHIP)
+    assert name == "ascend910b4-1"
+    assert soc.from_name(name) == soc.Soc("ascend910b4_1", "A2", 225)
 
 
 def test_first_npu_id():

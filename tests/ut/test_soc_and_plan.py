@@ -15,7 +15,13 @@ def test_soc_versions_map_to_families(version, family):
 
 
 @pytest.mark.parametrize("name,expected", [("ascend950", "ascend950"), ("A5", "ascend950"),
-                                           ("Ascend910B2", "ascend910b2"), ("a3", "ascend910_9391")])
+                                           ("Ascend910B2", "ascend910b2"), ("a3", "ascend910_9391"),
+                                           # npu-smi's spelling of the B4-1 chip, and without
+                                           # the "ascend" prefix (was refused)
+                                           ("Ascend910B4-1", "ascend910b4_1"),
+                                           ("910B4-1", "ascend910b4_1"),
+                                           ("ascend910_9391", "ascend910_9391"),
+                                           ("910_9372", "ascend910_9372")])
 def test_soc_names_and_aliases(name, expected):
     assert soc.from_name(name).name == expected
 

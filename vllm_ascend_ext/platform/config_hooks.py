@@ -75,6 +75,26 @@ def refuse_expert_parallel(vllm_config) -> None:
             "ascend_ext MoE method does not support yet")
 
 
+def refuse_data_parallel_moe(vllm_config) -> None:
+    """MoE models with ``--data-parallel-size > 1``, refused before the engine starts.
+
+    vLLM then splits each MoE layer's experts over the DP x TP ranks and relies on the
+    platform's device communicator to dispatch tokens to them and combine the partial sums.
+    The plugin's NPU communicator is vLLM's base class, whose dispatch and combine return
+    their input unchanged: every rank would sum only its share of the experts (silently
+    wrong tokens). The emulated platform refuses the same, so that emulation never serves
+    what an NPU cannot. Dense models keep data parallelism (replicas share no layer)."""
+    model, parallel = vllm_config.model_config, vllm_config.parallel_config
+    size = getattr(parallel, "data_parallel_size", 1) or 1
+    if size > 1 and model is not None and model.is_moe:
+        raise AscendExtError(
+            f"--data-parallel-size {size} with a MoE model ({model.get_num_experts()} experts): "
+            "the ascend_ext platforms have no MoE token dispatch/combine communicator yet, so "
+            "each data-parallel rank would sum only part of the experts; serve with "
+            "--data-parallel-size 1 (tensor parallelism splits the experts instead), or one "
+            "server per replica")
+
+
 def hybrid_prefix_caching_off(vllm_config) -> str | None:
     """Hybrid (Gated-DeltaNet) models: prefix caching off, with the reason (or None).
 

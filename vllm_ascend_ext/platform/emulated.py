@@ -24,6 +24,7 @@ from vllm_ascend_ext.platform.config_hooks import (
     compile_cache_that_loads,
     hybrid_prefix_caching_off,
     is_sparse_mla_model,
+    refuse_data_parallel_moe,
     refuse_expert_parallel,
     sfa_block_size,
     validate_plugin_config,
@@ -68,6 +69,7 @@ class EmulatedAscendPlatform(CpuPlatform):
                              cls.soc().name)
         apply_quant_description(vllm_config)
         refuse_expert_parallel(vllm_config)
+        refuse_data_parallel_moe(vllm_config)
         sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":

@@ -23,6 +23,7 @@ from vllm_ascend_ext.platform.config_hooks import (
     apply_quant_description,
     hybrid_prefix_caching_off,
     is_sparse_mla_model,
+    refuse_data_parallel_moe,
     refuse_expert_parallel,
     sfa_block_size,
     validate_plugin_config,
@@ -193,6 +194,7 @@ class AscendNPUPlatform(Platform):
             parallel.worker_cls = WORKER_CLS
         apply_quant_description(vllm_config)
         refuse_expert_parallel(vllm_config)
+        refuse_data_parallel_moe(vllm_config)
         why = hybrid_prefix_caching_off(vllm_config)
         if why:
             logger.warning("ascend_ext: %s", why)

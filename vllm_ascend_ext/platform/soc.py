@@ -74,12 +74,19 @@ def names() -> list[str]:
     return [s.name for s in _SOCS] + sorted(_ALIASES)
 
 
+def _squash(name: str) -> str:
+    """Lower case without separators: ``Ascend910B4-1``, ``ascend910b4_1`` and ``910B4 1``
+    are one chip (npu-smi prints ``910B4-1``; torch_npu names it ``Ascend910B4_1``)."""
+    return "".join(c for c in name.lower() if c not in " _-\t")
+
+
 def from_name(name: str) -> Soc:
-    key = name.strip().lower().replace("-", "").replace(" ", "")
-    key = _ALIASES.get(key, key)
-    for soc in _SOCS:
-        if soc.name == key:
-            return soc
+    key = _squash(name)
+    key = _squash(_ALIASES.get(key, key))
+    for candidate in (key, "ascend" + key):
+        for soc in _SOCS:
+            if _squash(soc.name) == candidate:
+                return soc
     close = difflib.get_close_matches(key, names(), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise UnknownSocError(
