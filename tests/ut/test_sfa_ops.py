@@ -206,6 +206,40 @@ def test_mla_prolog_v3_unquantized_matches_independent_math_and_writes_caches():
     assert kv_cache.view(-1, hckv).abs().sum(-1).nonzero().flatten().tolist() == [2, 7]
 
 
+def _prolog_bf16_points(inp, dims, cos, sin, kernel_points: bool):
+    """Float64 math rounded to bf16 where the kernel rounds: c^Q and q_nope always; with
+    ``kernel_points`` also x @ W_dq before its RmsNorm and q_pe before RoPE (what the
+    kernel does, per op-plugin's golden). RoPE from the given cos/sin tables."""
+    t, n, d, dr, hckv = dims
+    b = lambda v: v.to(torch.bfloat16).double()  # noqa: E731
+    keep = b if kernel_points else (lambda v: v)
+    x = inp["x"].double()
+    cq = b(torch.stack([_rms64(row, inp["g_cq"], 1e-5) for row in keep(x @ inp["w_dq"].double())]))
+    q = (cq @ inp["w_uq_qr"].double()).view(t, n, d + dr)
+    query = b(torch.einsum("tnd,ndc->tnc", b(q[..., :d]), inp["w_uk"].double()))
+    pe, c, s_ = keep(q[..., d:]), cos.double()[:, None, :dr // 2], sin.double()[:, None, :dr // 2]
+    ev, od = pe[..., 0::2], pe[..., 1::2]
+    qrope = b(torch.cat([ev * c - od * s_, od * c + ev * s_], -1))
+    return query, qrope
+
+
+def test_mla_prolog_v3_bf16_rounds_where_the_kernel_rounds():
+    inp, dims = _prolog_inputs(t=8, he=64, hcq=48, n=4, d=16, dr=16, hckv=32, seed=9)
+    inp = {k: v.to(torch.bfloat16) for k, v in inp.items()}
+    cos, sin = (v.to(torch.bfloat16) for v in _cos_sin([3, 11, 0, 5, 7, 2, 9, 1], 16))
+    caches = torch.zeros(4, 16, 1, 32, dtype=torch.bfloat16), torch.zeros(4, 16, 1, 16, dtype=torch.bfloat16)
+    query, qrope, *_ = npu_mla_prolog_v3(
+        inp["x"], inp["w_dq"], inp["w_uq_qr"], inp["w_uk"], inp["w_dkv_kr"], inp["g_cq"],
+        inp["g_ckv"], sin, cos, *caches, cache_index=torch.arange(8))
+    kernel = _prolog_bf16_points(inp, dims, cos, sin, kernel_points=True)
+    wider = _prolog_bf16_points(inp, dims, cos, sin, kernel_points=False)
+    for got, want, other in zip((query, qrope), kernel, wider):
+        same = (got.double() == want).double().mean().item()
+        assert same >= 0.97, same                      # rounding ties aside, bit-equal
+        # the test discriminates: keeping those two intermediates wider moves many elements
+        assert (other != want).double().mean().item() >= 0.1
+
+
 def _quantize_weight(w):
     """Per-output-channel symmetric int8 of an [in, out] weight -> (int8, scale [1,out])."""
     s = w.abs().amax(0, keepdim=True) / 127

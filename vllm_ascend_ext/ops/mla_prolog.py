@@ -19,9 +19,10 @@ meta returns them with CANN >= 8.5.0.alpha003: float32 scales, ``query_norm`` in
 
 Weights are ``[in, out]`` (a Linear weight transposed); ``weight_uk`` is [N, D, Hckv].
 
-Rounding points: the kernel rounds c^Q and q_nope to bf16 before the next matmul;
-the reference rounds them to ``weight_uk``'s dtype, which is bf16 on the NPU and
-fp32 in fp32 emulation (documented relaxation, see README).
+Rounding points (unquantized): the kernel rounds ``x @ W_dq`` before its RmsNorm, c^Q
+and q_nope before the next matmul, and the rope half q_pe before RoPE, to bf16 (from
+op-plugin's CPU golden); the reference rounds the same four to ``weight_uk``'s dtype,
+which is bf16 on the NPU and fp32 in fp32 emulation (documented relaxation, see README).
 
 ``weight_quant_mode=2`` (W8A8 dynamic): ``token_x`` is int8 with per-token
 ``dequant_scale_x`` [T,1]; ``weight_dq``/``weight_uq_qr``/``weight_dkv_kr`` are int8
@@ -137,7 +138,8 @@ def mla_prolog_v3_reference(token_x, weight_dq, weight_uq_qr, weight_uk, weight_
                                       pertoken_scale=sx, output_dtype=torch.float32)
         q_norm, q_norm_scale = cq_q, s_cq.reshape(t, 1)
     else:
-        cq = rms_fp32(x.float() @ weight_dq.float(), rmsnorm_gamma_cq, rmsnorm_epsilon_cq)
+        cq_pre = (x.float() @ weight_dq.float()).to(mid).float()
+        cq = rms_fp32(cq_pre, rmsnorm_gamma_cq, rmsnorm_epsilon_cq)
         cq = (cq * qc_qr_scale).to(mid)
         qcqr = cq.float() @ weight_uq_qr.float()
         kvkr = x.float() @ weight_dkv_kr.float()
@@ -145,7 +147,8 @@ def mla_prolog_v3_reference(token_x, weight_dq, weight_uq_qr, weight_uk, weight_
     qcqr = qcqr.view(t, n, d + dr)
     q_nope = qcqr[..., :d].to(mid).float()
     query = torch.einsum("tnd,ndc->tnc", q_nope, weight_uk.float()).contiguous()
-    query_rope = rope_interleave_half(qcqr[..., d:], cos[:, None], sin[:, None])
+    q_pe = qcqr[..., d:] if weight_quant_mode == 2 else qcqr[..., d:].to(mid).float()
+    query_rope = rope_interleave_half(q_pe, cos[:, None], sin[:, None])
     ckv = rms_fp32(kvkr[:, :hckv], rmsnorm_gamma_ckv, rmsnorm_epsilon_ckv) * kc_scale
     kr = rope_interleave_half(kvkr[:, hckv:], cos, sin)
     write_rows(kv_cache, cache_index, ckv)

@@ -16,10 +16,11 @@ Semantics (torch-npu 2.13.0 ``_op_plugin_docs.py``; index conventions from CANN'
   first ``min(active_num, N*K)`` rows exist. ``row_idx_type=0`` ("gather"): indexed by
   ``src``, the destination row, -1 for an invalid pair; 1 ("scatter"): indexed by
   destination, the ``src``. ``expert_tokens`` (only with ``expert_tokens_num_flag``):
-  per expert of the range, the count (type 1) or its running sum (type 0), int64.
+  per expert of the range, the count (type 1), int64. Type 0 (cumsum) is documented as
+  unsupported ("当前仅支持1和2") and refused; type 2 (key-value) is not emulated.
   ``expanded_scale = scale[src // K]`` when a 1-D ``scale`` is given (undefined
   otherwise: zero here). Emulated: dropless (``drop_pad_mode=0``), ``quant_mode=-1``,
-  count/cumsum types.
+  the count type.
 - ``npu_moe_token_unpermute(permuted_tokens [N*K,H], sorted_indices [N*K] int32,
   probs=None [N,K], padded_mode=False, restore_shape=None) -> [N,H]``:
   ``out[n] = sum_k permuted_tokens[sorted_indices[n*K + k]] * probs[n, k]`` (``K = 1``
@@ -49,9 +50,14 @@ def _check_init(x, expert_idx, scale, active_num, expert_num, drop_pad_mode,
         raise NotImplementedError("npu_moe_init_routing_v2: only dropless (drop_pad_mode=0) is emulated")
     if quant_mode != -1:
         raise NotImplementedError(f"npu_moe_init_routing_v2: quant_mode {quant_mode} is not emulated (-1 only)")
-    if expert_tokens_num_type not in (0, 1):
+    if expert_tokens_num_type == 0:
+        # The kernel's documentation: "取值为0、1和2 ... 当前仅支持1和2" (0, cumsum, is
+        # listed and unsupported); the reference refuses it as the NPU would.
+        raise ValueError("npu_moe_init_routing_v2: expert_tokens_num_type 0 (cumsum) is "
+                         "documented as unsupported (only 1, count, and 2, key-value); use 1")
+    if expert_tokens_num_type != 1:
         raise NotImplementedError(f"npu_moe_init_routing_v2: expert_tokens_num_type "
-                                  f"{expert_tokens_num_type} is not emulated (0 cumsum, 1 count)")
+                                  f"{expert_tokens_num_type} is not emulated (1, count, only)")
     if row_idx_type not in (0, 1):
         raise ValueError(f"npu_moe_init_routing_v2: row_idx_type {row_idx_type} (0 or 1)")
     if active_num < -1:
@@ -97,7 +103,7 @@ def init_routing_v2_reference(x, expert_idx, *, scale=None, offset=None, active_
     if expert_tokens_num_flag:
         counts = torch.zeros(end - start, dtype=torch.int64, device=x.device).scatter_add_(
             0, (flat - start).clamp(0, end - start - 1), valid.long())
-        tokens = counts if expert_tokens_num_type == 1 else counts.cumsum(0)
+        tokens = counts
     else:
         tokens = torch.empty((), dtype=torch.int64, device=x.device)   # as the official meta
     expanded_scale = (torch.where(kept, scale.float()[src // k], 0.0) if scale is not None

@@ -18,7 +18,8 @@ wheel does not spell out, from CANN's ``aclnnMoeGatingTopK`` documentation and g
   (``input_ids``/``tid2eid``) is not emulated.
 - ``npu_moe_gating_top_k_softmax(x [N,E], finished=None, k=1) -> (y [N,k] x.dtype,
   expert_idx [N,k] int32, row_idx [N,k] int32)``: softmax over experts, top ``k`` best
-  first; ``row_idx[n, j] = j * N + n`` (k-major, the layout ``npu_moe_init_routing``
+  first (float16 input ranked on half-precision probabilities, bfloat16 and float32 on
+  float32 ones; ties: lower expert id first); ``row_idx[n, j] = j * N + n`` (k-major, the layout ``npu_moe_init_routing``
   reads); a ``finished`` row gets expert id ``E``. ``0 < k <= min(E, 1024)``; 2-D only.
 """
 
@@ -136,6 +137,11 @@ def gating_top_k_softmax_reference(x, finished=None, k=1):
     _check_softmax(x, finished, k)
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     probs = torch.softmax(x.to(work), -1)
+    if x.dtype == torch.float16:
+        # CANN's kernel keeps float16 input in half precision through softmax and top-k
+        # (bfloat16 is widened to float32 first): experts whose probabilities round to the
+        # same half value tie, and the lower expert id wins (op-plugin's CPU golden).
+        probs = probs.to(torch.float16)
     idx = _descending(probs)[:, :k]
     y = probs.gather(1, idx).to(x.dtype)
     idx = idx.to(torch.int32)
