@@ -107,9 +107,25 @@ def plugin_engine(model: str, args):
                                         "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     if args.kv_blocks:  # a cache too small for every prompt at once: requests get preempted
         kwargs["num_gpu_blocks_override"] = args.kv_blocks
+    if args.block_size:
+        kwargs["block_size"] = args.block_size
     return LLM(model=model, dtype=args.dtype, seed=0, max_model_len=args.max_model_len,
                max_num_batched_tokens=args.budget, enforce_eager=args.eager or args.layers
                is not None, additional_config={"ascend_ext": {}}, **kwargs)
+
+
+def model_runner(llm):
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+
+def attention_kernel_block(llm) -> int | None:
+    """The block size of the full-attention layers' KV cache (the FIA kernel's block)."""
+    runner = model_runner(llm)
+    for name, layer in runner.compilation_config.static_forward_context.items():
+        if name.endswith("self_attn.attn") and isinstance(getattr(layer, "kv_cache", None),
+                                                          torch.Tensor):
+            return int(layer.kv_cache.shape[2])      # [blocks, K/V, block, heads x dim]
+    return None
 
 
 def plugin_generate(llm, prompts, max_tokens: int):
@@ -262,6 +278,8 @@ def main() -> None:
     p.add_argument("--eager", action="store_true")
     p.add_argument("--kv-blocks", type=int, help="num_gpu_blocks_override (forces preemption)")
     p.add_argument("--spec", action="store_true", help="ngram speculation, 3 drafts")
+    p.add_argument("--block-size", type=int, help="scheduler block size (FIA serves one above "
+                   "512 through smaller kernel blocks)")
     p.add_argument("--layers", type=int, help="layer mode for this prompt index")
     p.add_argument("--tie-eps", type=float, help="router-logit gap of a routing tie "
                    f"(default {FP32_TIE_EPS:g} in float32, {BF16_TIE_EPS:g} in bfloat16)")
@@ -300,6 +318,7 @@ def compare(path: str, args) -> dict:
         corrupt(args.corrupt)
     llm = plugin_engine(path, args)
     tokens, lps = plugin_generate(llm, prompts, args.max_tokens)
+    attn_block = attention_kernel_block(llm)
     run_dtype = getattr(torch, args.dtype)
     top_k = config.get("num_experts_per_tok", 0)
     tie_eps = args.tie_eps or (FP32_TIE_EPS if args.dtype == "float32" else BF16_TIE_EPS)
@@ -308,6 +327,8 @@ def compare(path: str, args) -> dict:
         "hf_float64": hf_model(path, torch.float64), f"hf_{args.dtype}": hf_model(path, run_dtype)}
     result = {"model": path, "dtype": args.dtype, "tie_eps": tie_eps,
               "routed": config.get("num_experts", 0) > top_k,
+              "attention_kernel_block": attn_block,
+              "runner": type(model_runner(llm)).__name__,
               "config": {k: config[k] for k in CONFIG_SHOWN if k in config}, "prompts": []}
     for prompt, toks, lp in zip(prompts, tokens, lps):
         entry = {"len": len(prompt), "tokens": toks, "logprobs": lp}

@@ -108,6 +108,18 @@ def test_tied_word_embeddings_are_tied():
     assert res["excused_fraction"] == 0 and all(len(e["tokens"]) == 16 for e in res["prompts"])
 
 
+def test_blocks_above_fias_limit_are_served_through_smaller_kernel_blocks():
+    # FIA's paged TND takes blocks up to 512; a 1024-token scheduler block (what hybrid
+    # models get when their attention page is aligned to a large mamba page) is split into
+    # 512-token kernel blocks, and prompts crossing them still match the float64 model
+    # (vLLM's CPU runner zeroed new blocks by scheduler id in the kernel-block view: another
+    # request's keys; the emulated platform's runner zeroes every kernel block of a block)
+    res = compare("--block-size", "1024", "--lengths", "700,530,90", "--no-hf")
+    assert res["attention_kernel_block"] == 512 and res["runner"] == "EmulatedAscendModelRunner"
+    assert res["failures"] == [], res["failures"]
+    assert all(len(e["tokens"]) == 16 for e in res["prompts"])
+
+
 def test_negative_control_reversed_conv_taps_are_named_in_the_first_gdn_layer():
     res = compare("--corrupt", "conv-taps", "--prompts", "3", "--layers", "0")
     assert res["failures"]

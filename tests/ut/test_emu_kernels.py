@@ -89,6 +89,8 @@ def test_compiled_fia_equals_reference(seed, kinds, gqa, nkv, d, bs, dtype, layo
                                        strided_q):
     rng = random.Random(seed)
     torch.manual_seed(seed)
+    if d == 256:   # FIA's TND split-fuse path: GQA and a 3-D cache (fia_checks)
+        gqa, layout = max(gqa, 2), "BnBsH"
     nq = nkv * gqa
     lens, qs, _, _, kc, vc, table = _batch(rng, kinds, nq, nkv, d, bs, dtype)
     query = torch.cat(qs).to(dtype)

@@ -94,6 +94,8 @@ def _run(lens, qs, kc, vc, table, nq, nkv, d, bs, dtype, mode, layout="BnBsH", l
 def test_paged_causal_matches_dense(seed, kinds, gqa, nkv, d, bs, dtype, layout, lse, path):
     rng = random.Random(seed)
     torch.manual_seed(seed)
+    if d == 256:   # FIA's TND split-fuse path: GQA and a 3-D cache (fia_checks)
+        gqa, layout = max(gqa, 2), "BnBsH"
     nq = nkv * gqa
     lens, qs, seq_k, seq_v, kc, vc, table = _batch(rng, kinds, nq, nkv, d, bs, dtype)
     with emulation_path(path):
@@ -201,6 +203,12 @@ def _valid_kwargs():
     (dict(atten_mask=torch.ones(128, 128, dtype=torch.bool)), "shape (2048, 2048)"),
     (dict(sparse_mode=1), "sparse_mode=1"),
     (dict(num_heads=8), "num_heads=8"),
+    (dict(block_size=1024), "up to 512"),
+    # head size 256 only on the split-fuse path: GQA, sparse_mode 0/3, a 3-D cache
+    (dict(query=torch.randn(3, 2, 256), num_heads=2), "as many KV heads as query heads (2)"),
+    (dict(query=torch.randn(3, 4, 256), key=torch.zeros(2, 2, 16, 256),
+          value=torch.zeros(2, 2, 16, 256)), "3-D (BnBsH) paged cache, not 4-D"),
+    (dict(query=torch.randn(3, 4, 256), sparse_mode=2), "takes sparse_mode (0, 3), not 2"),
     (dict(actual_seq_lengths=torch.tensor([1, 3])), "host list"),
 ])
 def test_rejects_what_the_npu_rejects(change, needle):

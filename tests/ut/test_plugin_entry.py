@@ -157,7 +157,7 @@ def test_batch_invariance_is_accepted_because_mixed_steps_then_always_split():
 
 
 def _vllm_config(use_mla=False, index_topk=None, head_size=64, cache_dtype="auto",
-                 block_size=128, user_block=False, pcp=1, wrapped=False):
+                 block_size=128, user_block=False, pcp=1, wrapped=False, heads=(16, 2), tp=1):
     from types import SimpleNamespace
 
     text = SimpleNamespace(**({"index_topk": index_topk} if index_topk else {}))
@@ -165,14 +165,17 @@ def _vllm_config(use_mla=False, index_topk=None, head_size=64, cache_dtype="auto
     hf = SimpleNamespace(text_config=text) if wrapped else text
     model = SimpleNamespace(get_head_size=lambda: head_size, dtype=torch.bfloat16,
                             use_mla=use_mla, hf_config=hf, hf_text_config=text,
-                            is_attention_free=False)
+                            is_attention_free=False,
+                            get_num_attention_heads=lambda p: heads[0] // p.tensor_parallel_size,
+                            get_num_kv_heads=lambda p: max(1, heads[1] // p.tensor_parallel_size),
+                            get_total_num_kv_heads=lambda: heads[1])
     return SimpleNamespace(
         model_config=model,
         cache_config=SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size,
                                      user_specified_block_size=user_block),
         kv_transfer_config=None,
         parallel_config=SimpleNamespace(prefill_context_parallel_size=pcp,
-                                        decode_context_parallel_size=1),
+                                        decode_context_parallel_size=1, tensor_parallel_size=tp),
         attention_config=SimpleNamespace(use_non_causal=False),
     )
 
@@ -188,8 +191,23 @@ def test_preflight_refuses_the_model_before_the_engine_starts(kwargs, needle):
     with pytest.raises(UnsupportedAttentionError, match=needle) as info:
         preflight("t", from_name("a2"), _vllm_config(**kwargs))
     served = ("served are standard decoder attention" if kwargs.get("use_mla") else
-              "--block-size multiples of 16; --kv-cache-dtype auto, float16, bfloat16")
+              "--block-size multiples of 16 up to 512 (larger blocks are split into kernel "
+              "blocks); --kv-cache-dtype auto, float16, bfloat16")
     assert served in str(info.value)  # what would be served instead
+
+
+def test_preflight_refuses_head_size_256_where_a_rank_keeps_as_many_kv_as_query_heads():
+    # Qwen3-Next's full attention: 16 query / 2 KV heads of 256. GQA on every rank up to
+    # TP 8 (2 query heads, 1 KV head); at TP 16 each rank has one of each (MHA)
+    for tp in (1, 2, 8):
+        preflight("t", from_name("a2"), _vllm_config(head_size=256, tp=tp))
+    with pytest.raises(UnsupportedAttentionError, match=r"head size 256 with as many KV heads "
+                       r"as query heads \(1\) per rank.*2 KV heads, 1 query and 1 KV heads per "
+                       r"rank at --tensor-parallel-size 16"):
+        preflight("t", from_name("a2"), _vllm_config(head_size=256, tp=16))
+    with pytest.raises(UnsupportedAttentionError, match="as many KV heads as query heads .8."):
+        preflight("t", from_name("a2"), _vllm_config(head_size=256, heads=(8, 8)))
+    preflight("t", from_name("a2"), _vllm_config(head_size=128, heads=(8, 8)))   # MHA at 128
 
 
 def test_preflight_passes_what_the_backends_serve():

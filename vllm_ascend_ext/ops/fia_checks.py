@@ -21,16 +21,28 @@ import torch
 
 NPU_DTYPES = (torch.float16, torch.bfloat16)
 EMULATION_DTYPES = NPU_DTYPES + (torch.float32,)
-# Head sizes served through TND + block_table. The aclnn doc lists 128 (and 192/128)
-# for TND non-MLA; vllm-ascend serves 64- and 256-dim models through the same path
-# and sglang measured 128/256 on Ascend 950, so those are accepted [I].
+# Head sizes served through TND + block_table. The kernel picks one of two TND paths
+# (ops-transformer fused_infer_attention_score tiling): the prompt-flash path takes
+# D = Dk = Dv in {64, 128}, or D = Dk = 192 with Dv 192 or 128; the split-fuse path takes
+# D = Dk = Dv <= 256 but only for GQA (num_heads != num_key_value_heads, inner_precise 0),
+# sparse_mode 0 or 3, and a 3-D (BnBsH) paged cache. So 256 (Qwen3-Next / Qwen3.5
+# full attention) is served where each rank keeps fewer KV heads than query heads:
+# ``tnd_head_dims_refusal``.
 SUPPORTED_HEAD_SIZES = (64, 128, 192, 256)
+PROMPT_PATH_HEAD_SIZES = (64, 128, 192)
+SPLIT_FUSE_MAX_HEAD_SIZE = 256
+SPLIT_FUSE_SPARSE_MODES = (0, 3)
 MAX_GQA_RATIO = 64
 MAX_BATCH = 4096
 MASK_SIDE = 2048
 SPARSE_MODES = (0, 2, 3, 4)  # 1 (allMask) and 9 (tree) are not implemented
-MAX_BLOCK_SIZE = 1024
+# Paged TND: a multiple of 16 up to 512 (the tiling's MAX_BLOCK_SIZE; one doc section
+# says 1024, the code and another section 512). Larger scheduler blocks (hybrid models
+# align theirs to the mamba page) are split into kernel blocks: the backend declares
+# every kernel block size it takes, and vLLM picks the largest that divides its block.
+MAX_BLOCK_SIZE = 512
 BLOCK_SIZE_ALIGN = 16
+KERNEL_BLOCK_SIZES = tuple(range(BLOCK_SIZE_ALIGN, MAX_BLOCK_SIZE + 1, BLOCK_SIZE_ALIGN))
 UNSUPPORTED_OPTIONALS = (
     "pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2",
     "quant_offset2", "antiquant_scale", "antiquant_offset", "key_antiquant_scale",
@@ -43,6 +55,28 @@ UNSUPPORTED_OPTIONALS = (
 
 class FIAArgumentError(ValueError):
     """An FIA call the NPU operator would reject."""
+
+
+def tnd_head_dims_refusal(d: int, dv: int, num_heads: int, num_kv_heads: int,
+                          sparse_mode: int = 3, cache_dims: int | None = 3) -> str | None:
+    """Why FIA in TND layout refuses these head dims (None: one of its paths takes them).
+    ``cache_dims``: the paged cache's dims (3 BnBsH, 4 BnNBsD), None without paging."""
+    if (d == dv and d in (64, 128)) or (d == 192 and dv in (192, 128)):
+        return None                                            # the prompt-flash path
+    if d != dv or d > SPLIT_FUSE_MAX_HEAD_SIZE:
+        return (f"head size {d} (value {dv}) is not taken in TND layout (D = Dk = Dv in "
+                f"64/128, 192 with Dv 192 or 128, or up to {SPLIT_FUSE_MAX_HEAD_SIZE})")
+    if num_heads == num_kv_heads:
+        return (f"head size {d} with as many KV heads as query heads ({num_heads}) per rank: "
+                f"FIA takes head sizes above 192 in TND only on its split-fuse path, which "
+                f"needs GQA (fewer KV heads than query heads on each rank)")
+    if sparse_mode not in SPLIT_FUSE_SPARSE_MODES:
+        return (f"head size {d} needs the split-fuse path, which takes sparse_mode "
+                f"{SPLIT_FUSE_SPARSE_MODES}, not {sparse_mode}")
+    if cache_dims not in (None, 3):
+        return (f"head size {d} needs the split-fuse path, which takes a 3-D (BnBsH) paged "
+                f"cache, not {cache_dims}-D")
+    return None
 
 
 @dataclass(frozen=True)
@@ -127,6 +161,11 @@ def check_fia(
         _fail(f"GQA ratio {num_heads // kvh} exceeds {MAX_GQA_RATIO}")
     if d not in SUPPORTED_HEAD_SIZES:
         _fail(f"head size {d} not supported (allowed: {SUPPORTED_HEAD_SIZES})")
+    why = tnd_head_dims_refusal(d, value.shape[-1] if value.dim() == 3 and block_table is None
+                                else d, num_heads, kvh, sparse_mode,
+                                key.dim() if block_table is not None else None)
+    if why:
+        _fail(why)
     if sparse_mode not in SPARSE_MODES:
         _fail(f"sparse_mode={sparse_mode} not supported (allowed: {SPARSE_MODES})")
     if sparse_mode in (2, 3, 4):

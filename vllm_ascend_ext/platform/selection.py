@@ -79,8 +79,14 @@ def what_it_serves(backend) -> str:
     """The backend's declared limits, in the words of vLLM's options."""
     from vllm.v1.attention.backend import MultipleOf
 
-    blocks = ", ".join(f"multiples of {b.base}" if isinstance(b, MultipleOf) else str(b)
-                       for b in backend.get_supported_kernel_block_sizes())
+    sizes = backend.get_supported_kernel_block_sizes()
+    ints = [b for b in sizes if isinstance(b, int)]
+    if len(ints) > 2 and ints == list(range(ints[0], ints[-1] + 1, ints[0])):
+        blocks = (f"multiples of {ints[0]} up to {ints[-1]} (larger blocks are split into "
+                  f"kernel blocks)")
+    else:
+        blocks = ", ".join(f"multiples of {b.base}" if isinstance(b, MultipleOf) else str(b)
+                           for b in sizes)
     parts = [f"--block-size {blocks}",
              f"--kv-cache-dtype {', '.join(backend.supported_kv_cache_dtypes)}",
              f"--dtype {', '.join(str(d).removeprefix('torch.') for d in backend.supported_dtypes)}"]
@@ -124,3 +130,23 @@ def preflight(platform_name: str, soc: Soc, vllm_config) -> None:
         use_dcp=parallel.decode_context_parallel_size > 1,
     )
     select_attention_backend(platform_name, soc, config, log=False)
+    if not config.use_mla:
+        refuse_tnd_head_dims(platform_name, mc, parallel)
+
+
+def refuse_tnd_head_dims(platform_name: str, model_config, parallel_config) -> None:
+    """FIA's TND layout takes head sizes above 192 only for GQA on each rank (its
+    split-fuse path; ``ops/fia_checks.py``): refused before the engine starts."""
+    from vllm_ascend_ext.ops.fia_checks import tnd_head_dims_refusal
+
+    heads = model_config.get_num_attention_heads(parallel_config)
+    kv_heads = model_config.get_num_kv_heads(parallel_config)
+    d = model_config.get_head_size()
+    why = tnd_head_dims_refusal(d, d, heads, kv_heads)
+    if why:
+        tp = parallel_config.tensor_parallel_size
+        raise UnsupportedAttentionError(
+            f"ascend_ext ({platform_name}): {why} (model: {model_config.get_total_num_kv_heads()}"
+            f" KV heads, {heads} query and {kv_heads} KV heads per rank at "
+            f"--tensor-parallel-size {tp}); use a tensor-parallel size that leaves each rank "
+            "fewer KV heads than query heads")

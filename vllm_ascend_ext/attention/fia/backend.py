@@ -16,8 +16,8 @@ from vllm.v1.kv_cache_interface import KVCacheLayout
 
 from vllm_ascend_ext.attention.capabilities import DecoderOnlyCapabilities
 from vllm_ascend_ext.ops.fia_checks import (
-    BLOCK_SIZE_ALIGN,
     EMULATION_DTYPES,
+    KERNEL_BLOCK_SIZES,
     SUPPORTED_HEAD_SIZES,
 )
 
@@ -48,7 +48,9 @@ class AscendFIABackend(DecoderOnlyCapabilities, AttentionBackend):
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
-        return [MultipleOf(BLOCK_SIZE_ALIGN)]
+        # Multiples of 16 up to 512, each named: vLLM serves a larger block (a hybrid
+        # model's, aligned to its mamba page) through the largest of them that divides it.
+        return list(KERNEL_BLOCK_SIZES)
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
