@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -25,6 +26,19 @@ SERVER = textwrap.dedent("""
     signal.signal(signal.SIGINT, lambda *a: print("server got SIGINT", flush=True))
     report_shutdown_timeout(drain)
     print("server", os.getsid(0), os.getpid(), flush=True)
+    if mode == "engine-dies":   # its engine process is killed; it then exits 0, as vLLM's
+        import multiprocessing as mp
+        engine = mp.get_context("fork").Process(target=time.sleep, args=(60,))
+        engine.start()
+        time.sleep(1.0)
+        print("engine", engine.pid, flush=True)
+        os.kill(engine.pid, signal.SIGKILL)
+        engine.join()
+        time.sleep(0.3)
+        sys.exit(0)
+    if mode == "quits":         # ends by itself, status 0, nobody asked
+        time.sleep(0.5)
+        sys.exit(0)
     while True:
         time.sleep(0.05)
 """)
@@ -85,6 +99,34 @@ def test_the_server_exit_code_is_passed_through():
     out = subprocess.run([sys.executable, "-c", SUPERVISOR, "import sys; sys.exit(3)", "1",
                           "x"], capture_output=True, timeout=30)
     assert out.returncode == 3
+
+
+def test_a_dead_engine_process_fails_the_server_naming_it_and_its_signal():
+    proc, _, _ = _start("engine-dies", grace=5)
+    engine = int(proc.stdout.readline().split()[1])
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, err
+    assert (f"the server stopped because its process {sys.executable} (pid {engine}) was "
+            "killed by SIGKILL; exiting with status 1") in err
+
+
+def test_a_server_that_ends_by_itself_while_serving_fails():
+    proc, _, _ = _start("quits", grace=5)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert "stopped by itself while serving (no stop was requested)" in err
+
+
+def test_a_killed_server_process_is_named():
+    from vllm_ascend_ext.cli.supervise import _Stops, death_of, unrequested_end
+
+    stops = _Stops(1.0)
+    assert unrequested_end(42, -9, stops) == (
+        137, "the server process (pid 42) was killed by SIGKILL")
+    assert unrequested_end(42, 3, stops) is None       # its own status, while starting
+    assert unrequested_end(42, 0, stops) is None       # e.g. --help
+    assert death_of(os.CLD_KILLED, 9) == "signal:SIGKILL"
+    assert death_of(os.CLD_EXITED, 2) == "exit:2" and death_of(os.CLD_EXITED, 0) is None
 
 
 def test_without_a_supervisor_the_report_is_a_no_op(monkeypatch):

@@ -18,7 +18,10 @@ stands in front of it:
   drain window vLLM's parser gave it (command line, ``--config`` file, defaults)
   through a pipe, so the supervisor never parses vLLM's options itself;
 - the server gets SIGTERM if the supervisor itself dies (``PR_SET_PDEATHSIG``);
-- the exit code is the server's (0 after an orderly stop).
+- the exit code is the server's (0 after an orderly stop); a server that ends without a
+  stop request because a process of it died (vLLM 0.32's server then exits 0) exits 1
+  (or the server's own non-zero status), with one line naming that process and its
+  signal or status: the server reports each of its children that ends abnormally.
 
 A service manager that signals every process of the service (systemd's default
 ``KillMode=control-group``) reaches the server too; ``KillMode=mixed`` signals only the
@@ -94,12 +97,13 @@ def report_shutdown_timeout(seconds: float, health: HealthTarget | None = None) 
     report = ServerReport()
     if not report.send(f"drain {seconds}"):
         return
-    if health is None:
-        report.send("ready")
-        report.close()
-        return
     import threading
 
+    threading.Thread(target=watch_children, args=(report,), name="ascend_ext-child-watch",
+                     daemon=True).start()
+    if health is None:
+        report.send("ready")
+        return
     threading.Thread(target=_report_when_healthy, args=(report, health),
                      name="ascend_ext-ready-probe", daemon=True).start()
 
@@ -137,7 +141,113 @@ def _report_when_healthy(report: ServerReport, target: HealthTarget,
     while not health_ok(target):
         time.sleep(period_s)
     report.send("ready")
-    report.close()
+
+
+def _children(pid: int) -> list[int]:
+    """Child pids of ``pid`` (Linux: every thread's ``children`` list)."""
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _process_title(pid: int) -> str | None:
+    """A process's title (vLLM names its processes, e.g. ``VLLM::EngineCore``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+        return words[0].decode(errors="replace") or None
+    except OSError:
+        return None
+
+
+def death_of(code: int, status: int) -> str | None:
+    """How a child ended, from ``waitid``'s ``si_code``/``si_status``: ``signal:NAME``,
+    ``exit:N``, or None for a clean exit (status 0)."""
+    if code in (os.CLD_KILLED, os.CLD_DUMPED):
+        try:
+            return f"signal:{signal.Signals(status).name}"
+        except ValueError:
+            return f"signal:{status}"
+    if code == os.CLD_EXITED and status != 0:
+        return f"exit:{status}"
+    return None
+
+
+def _process_object(pid: int):
+    """The ``multiprocessing`` process object that started child ``pid``, if any (vLLM
+    starts its engine core so; its owner's reaping records the returncode there)."""
+    import gc
+    import multiprocessing.process as mp_process
+
+    for obj in gc.get_objects():
+        if (isinstance(obj, mp_process.BaseProcess)
+                and getattr(getattr(obj, "_popen", None), "pid", None) == pid):
+            return obj
+    return None
+
+
+def _reaped_status(proc, wait_s: float = 2.0) -> str:
+    """How a child that its owner reaped first ended, from its process object's
+    returncode (negative: the signal); ``unknown`` without one."""
+    deadline = time.monotonic() + wait_s
+    while proc is not None and time.monotonic() < deadline:
+        code = proc._popen.returncode
+        if code is not None:
+            return (death_of(os.CLD_KILLED, -code) if code < 0
+                    else death_of(os.CLD_EXITED, code)) or "exit:0"
+        time.sleep(0.02)
+    return "unknown"
+
+
+def watch_children(report: ServerReport, period_s: float = 0.1) -> None:
+    """In the server process: report ``died <pid> <how> <title>`` for each child (the
+    engine core; with one device it also runs the worker) that ends by a signal or a
+    non-zero status. Each child gets a thread blocked in ``waitid(WNOWAIT)`` on its pidfd:
+    the kernel completes that wait the moment the child ends and reads its status without
+    reaping it, before vLLM's own monitor (woken too, but in Python) gets to reap it.
+    Titles are read while the children live (a dead process has none)."""
+    import threading
+
+    titles: dict[int, str] = {}
+
+    def wait_for(pid: int, fd: int) -> None:
+        proc = _process_object(pid)    # held while the child lives
+        try:
+            info = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOWAIT)
+            how = death_of(info.si_code, info.si_status) if info else None
+        except ChildProcessError:      # reaped by its owner first: its record says how
+            how = _reaped_status(proc)
+        finally:
+            os.close(fd)
+        if how == "exit:0":
+            how = None
+        if how:
+            title = titles.get(pid) or "?"
+            report.send(f"died {pid} {how} {title.replace(' ', '_')}")
+
+    while report.fd is not None:
+        for pid in _children(os.getpid()):
+            title = _process_title(pid)
+            if pid in titles:
+                titles[pid] = title or titles[pid]
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:                 # ended meanwhile
+                continue
+            titles[pid] = title or "?"
+            threading.Thread(target=wait_for, args=(pid, fd), daemon=True,
+                             name=f"ascend_ext-wait-{pid}").start()
+        time.sleep(period_s)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -162,6 +272,7 @@ class _Stops:
         self.grace_s = grace_s
         self.progress: str | None = None     # None, "drain", "ready"
         self.stopped_starting = False        # the first stop came before "ready"
+        self.deaths: list[tuple[int, str, str]] = []   # (pid, how, title) of its children
         self._pending = b""
 
     def read_report(self, fd: int) -> None:
@@ -180,6 +291,8 @@ class _Stops:
                     self.drain_s, self.progress = float(words[1]), "drain"
                 elif words[:1] == ["ready"]:
                     self.progress = "ready"
+                elif words[:1] == ["died"] and len(words) == 4 and words[1].isdigit():
+                    self.deaths.append((int(words[1]), words[2], words[3]))
 
     @property
     def serving(self) -> bool:
@@ -309,11 +422,42 @@ def supervise(argv: list[str], server: list[str] | None = None, grace_s: float =
                  "semaphore objects' lines above are Python releasing what the stopped "
                  "processes had created)")
             return 128 + stops.signals[0]
+        stops.read_report(report_r)
+        if not stops.times:
+            failed = unrequested_end(proc.pid, proc.returncode, stops)
+            if failed is not None:
+                _say(failed[1])
+                return failed[0]
         return code
     finally:
         os.close(report_r)
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _how(how: str) -> str:
+    kind, _, value = how.partition(":")
+    if kind == "unknown":
+        return "ended (its status was reaped before it could be read)"
+    return f"was killed by {value}" if kind == "signal" else f"exited with status {value}"
+
+
+def unrequested_end(server_pid: int, returncode: int, stops: _Stops) -> tuple[int, str] | None:
+    """(exit code, the line saying why) when the server ended without a stop request
+    because a process died (vLLM 0.32's server then shuts down with status 0, so a
+    restart-on-failure supervisor would never restart it); None for a plain exit code
+    the server chose itself while starting (e.g. ``--help``, a bad argument)."""
+    code = _exit_code(returncode)
+    if returncode < 0:
+        return code, f"the server process (pid {server_pid}) {_how(f'signal:{signal.Signals(-returncode).name}')}"
+    if stops.deaths:
+        pid, how, title = stops.deaths[0]
+        return (code or 1), (f"the server stopped because its process {title} (pid {pid}) "
+                             f"{_how(how)}; exiting with status {code or 1}")
+    if stops.serving and code == 0:
+        return 1, ("the server stopped by itself while serving (no stop was requested): "
+                   "its engine ended (see the log above); exiting with status 1")
+    return None
 
 
 def _exit_code(returncode: int) -> int:
