@@ -29,8 +29,9 @@ from vllm_ascend_ext.attention.fia import graph_tasks, impl
 from vllm_ascend_ext.attention.fia.builder import AscendFIAMetadataBuilder
 from vllm_ascend_ext.attention.fia.graph_tasks import FiaGraphTasks, update_before_replay
 from vllm_ascend_ext.attention.fia.impl import AscendFIAImpl
-from vllm_ascend_ext.attention.fia.plan import BatchMetadataError
+from vllm_ascend_ext.attention.fia.plan import BatchMetadataError, pad_to_graph
 from vllm_ascend_ext.ops.fia import npu_fused_infer_attention_score
+from vllm_ascend_ext.ops.fia_checks import FIAArgumentError
 
 NQ, NKV, D, BS, NB = 4, 2, 64, 16, 16
 KEY = BatchDescriptor(num_tokens=3, num_reqs=3, uniform=True)
@@ -275,9 +276,66 @@ def test_a_step_that_does_not_fit_the_graph_fails_before_anything_is_issued(stan
     other.tasks[KEY] = list(tasks.tasks[KEY])
     md = builder.build(0, _cam([4, 5], TABLE_B[:2]))
     fits = dataclasses.replace(builder.build(0, _cam(NEXT, TABLE_B)), graph_tasks=other)
-    with pytest.raises(BatchMetadataError, match="2 requests in this step's host lists, 3 at"):
+    with pytest.raises(BatchMetadataError, match="no zero-length padding request can take"):
         update_before_replay({"a": fits, "b": md}, KEY)
     assert standin.log == []                     # the fitting group was not updated either
+    with pytest.raises(BatchMetadataError, match="2 requests in this step's host lists, 3 at"):
+        other.check(KEY, {"actual_seq_lengths": (1, 2), "actual_seq_lengths_kv": (4, 5)})
+
+
+def _padded_cam(kv_lens, table, padded):
+    """A decode step of ``len(kv_lens)`` requests padded to ``padded`` as vLLM's runner
+    pads for a captured size: zero-length requests, null block rows, slots -1."""
+    n = len(kv_lens)
+    qsl = torch.tensor(list(range(n + 1)) + [n] * (padded - n), dtype=torch.int32)
+    slots = [int(table[b, (L - 1) // BS]) * BS + (L - 1) % BS for b, L in enumerate(kv_lens)]
+    rows = torch.cat([table[:n], torch.zeros(padded - n, table.shape[1], dtype=torch.int32)])
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl,
+        seq_lens=torch.tensor(list(kv_lens) + [0] * (padded - n), dtype=torch.int32),
+        num_reqs=padded, num_actual_tokens=n, max_query_len=1, max_seq_len=max(kv_lens),
+        block_table_tensor=rows, slot_mapping=torch.tensor(slots + [-1] * (padded - n)),
+        seq_lens_cpu_upper_bound=torch.tensor(list(kv_lens) + [0] * (padded - n),
+                                              dtype=torch.int32))
+
+
+def _padded_step(standin):
+    tasks, builder, static, kv_cache = _capture(standin)
+    q, k, v, expected = _step(NEXT[:2], TABLE_B, kv_cache, seed=1)
+    for buf, new in zip(static, (q, k, v)):
+        buf.zero_()
+        buf[:2].copy_(new)
+    return tasks, builder.build(0, _padded_cam(NEXT[:2], TABLE_B, 3)), expected
+
+
+def test_a_padded_batch_replays_with_its_padding_requests_given_the_graphs_tokens(standin):
+    # 2 requests on the graph captured for 3: FIA in TND needs T (3) == the last query end
+    tasks, md, expected = _padded_step(standin)
+    assert md.actual_seq_lengths_q == (1, 2, 2)          # vLLM's zero-length padding
+    assert update_before_replay({"layer.0": md}, KEY) == 1
+    (args, kwargs), = standin.groups[tasks.tasks[KEY][0].handle]
+    assert kwargs["actual_seq_lengths"] == (1, 2, 3)      # the padding request: 1 token
+    assert kwargs["actual_seq_lengths_kv"] == (NEXT[0], NEXT[1], 1)
+    standin.replay()
+    got = tasks.tasks[KEY][0].kwargs["out"][0].view(3, -1, D)[:2]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_negative_control_unpadded_lists_break_fias_tnd_rule_on_replay(standin):
+    tasks, md, _ = _padded_step(standin)
+    tasks.update(KEY, {"actual_seq_lengths": md.actual_seq_lengths_q,
+                       "actual_seq_lengths_kv": md.actual_seq_lengths_kv})
+    with pytest.raises(FIAArgumentError, match="must equal the packed token count 3"):
+        standin.replay()
+
+
+def test_pad_to_graph_spreads_the_extra_tokens_over_the_padding_requests():
+    assert pad_to_graph((1, 2, 2, 2), (6, 18, 0, 0), 5) == ((1, 2, 4, 5), (6, 18, 2, 1))
+    assert pad_to_graph((1, 2, 3), (6, 18, 4), 3) == ((1, 2, 3), (6, 18, 4))   # full
+    with pytest.raises(BatchMetadataError, match="no zero-length padding request"):
+        pad_to_graph((1, 2), (6, 18), 3)
+    with pytest.raises(BatchMetadataError, match="more than the graph's 2"):
+        pad_to_graph((1, 2, 3), (6, 18, 4), 2)
 
 
 @functools.cache

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from vllm_ascend_ext.attention.fia.plan import BatchMetadataError
+from vllm_ascend_ext.attention.fia.plan import BatchMetadataError, pad_to_graph
 
 # The FIA keywords that change from step to step and are updated on replay.
 HOST_LISTS = ("actual_seq_lengths", "actual_seq_lengths_kv")
@@ -171,9 +171,17 @@ def _step_lists(attn_metadata):
 def update_before_replay(attn_metadata, key: Hashable) -> int:
     """Before graph ``key`` replays: check every group's lists first (nothing is issued
     if one does not fit), then update every FIA task of that graph with this step's
-    host lists (``attn_metadata``: the forward context's, layer name -> metadata).
+    host lists (``attn_metadata``: the forward context's, layer name -> metadata), the
+    runner's padding requests given the graph's extra tokens (``plan.pad_to_graph``).
     Returns how many tasks were updated."""
-    groups = list(_step_lists(attn_metadata or {}))
+    num_tokens = getattr(key, "num_tokens", key if isinstance(key, int) else None)
+    groups = []
+    for tasks, lists in _step_lists(attn_metadata or {}):
+        if num_tokens is not None and lists["actual_seq_lengths"]:
+            q, kv = pad_to_graph(lists["actual_seq_lengths"], lists["actual_seq_lengths_kv"],
+                                 num_tokens)
+            lists = {"actual_seq_lengths": q, "actual_seq_lengths_kv": kv}
+        groups.append((tasks, lists))
     for tasks, lists in groups:
         tasks.check(key, lists)
     return sum(tasks.update(key, lists) for tasks, lists in groups)

@@ -42,3 +42,39 @@ def host_lists(
             )
         kv.append(lens[b] if q_len > 0 else 0)
     return tuple(qsl[1:]), tuple(kv)
+
+
+def pad_to_graph(cu_q: Sequence[int], kv_lens: Sequence[int],
+                 num_tokens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Host lists for a step replayed on a graph captured for ``num_tokens`` tokens.
+
+    FIA in TND layout requires the query's T to equal the last query end ("queryT must
+    be equal to the last element of actualSequenceLengthQ", error 561002), and a replayed
+    graph always runs its captured T. vLLM pads a smaller batch with zero-length
+    requests; they carry the extra tokens here (spread evenly, the first ones taking any
+    remainder), each reading as many KV positions as it has tokens (its block-table row is
+    the null block). A step with extra tokens and no padding request cannot be replayed.
+    """
+    cu_q, kv_lens = tuple(cu_q), tuple(kv_lens)
+    last = cu_q[-1] if cu_q else 0
+    extra = num_tokens - last
+    if extra == 0:
+        return cu_q, kv_lens
+    if extra < 0:
+        raise BatchMetadataError(
+            f"the step's requests hold {last} tokens, more than the graph's {num_tokens}")
+    starts = (0,) + cu_q[:-1]
+    pad = 0
+    while pad < len(cu_q) and cu_q[-1 - pad] == starts[-1 - pad]:
+        pad += 1
+    if pad == 0:
+        raise BatchMetadataError(
+            f"the graph runs {num_tokens} tokens, the step's requests end at {last}, and no "
+            "zero-length padding request can take the rest: FIA in TND layout needs the "
+            "last query end to equal the query's tokens (error 561002)")
+    real = len(cu_q) - pad
+    q_pad = [extra // pad + (1 if i < extra % pad else 0) for i in range(pad)]
+    ends = list(cu_q[:real])
+    for q in q_pad:
+        ends.append((ends[-1] if ends else 0) + q)
+    return tuple(ends), kv_lens[:real] + tuple(q_pad)
