@@ -96,3 +96,12 @@ def test_npu_platform_soc_never_starts_the_runtime(monkeypatch):
     monkeypatch.setattr(npu_host, "query_soc_name", lambda: None)
     with pytest.raises(Exception, match="cannot tell this host's Ascend SoC.*ASCEND_EXT_SOC"):
         AscendNPUPlatform.soc()
+
+
+def test_cann_pairing_note_names_the_release_pairing():
+    from vllm_ascend_ext.platform.versions import cann_pairing_note
+
+    assert cann_pairing_note("9.2.0") is None and cann_pairing_note("9.2.1") is None
+    assert "release pairing is CANN 9.2.0 (with triton-ascend 3.6.0)" in cann_pairing_note("8.5.0")
+    assert "newer than the lines" in cann_pairing_note("9.3.0")
+    assert cann_pairing_note(None) is None and cann_pairing_note("8.3.0") is None  # refused

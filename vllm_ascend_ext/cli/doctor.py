@@ -177,6 +177,9 @@ def report(smoke: bool = False) -> tuple[dict, list[str]]:
         try:
             versions.check_npu_stack(stack["torch"], stack["torch_npu"], stack["cann"])
             check = "ok"
+            note = versions.cann_pairing_note(stack["cann"])
+            if note:
+                check = f"ok ({note})"
         except versions.NpuStackError as exc:
             check = str(exc)
             problems.append(f"stack: {exc}")

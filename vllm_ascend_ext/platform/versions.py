@@ -1,9 +1,12 @@
 """The NPU software stack the plugin runs on, checked at start on an NPU host (pure).
 
 vLLM 0.32 runs on torch 2.13; torch_npu is built per torch minor version (the torch-npu
-2.13.0 wheel requires ``torch==2.13.0.*``), and its operators' current schemas need a
-recent CANN: the newest line its wheel's README pairs with a torch_npu release is CANN
-8.5.0, and its own Meta kernels branch on CANN 8.5.0.alpha003.
+2.13.0 wheel requires ``torch==2.13.0.*``). Which CANN (Ascend/pytorch's release notes
+and compatibility matrix, TorchNPU 26.2.0): the v2.13.0-26.2.0 line is released with CANN
+9.2.0 and triton-ascend 3.6.0, and TorchNPU 26.2.X is marked compatible with CANN 8.5.X,
+9.0.X, 9.1.X and 9.2.X. So CANN older than 8.5.0 is refused (torch_npu's own Meta
+kernels also branch on CANN 8.5.0.alpha003), and anything but the paired 9.2 line is
+reported by ``doctor`` as compatible but not the release pairing.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from vllm_ascend_ext.errors import AscendExtError
 
 TORCH_LINE = "2.13"
 MIN_CANN = "8.5.0"
+PAIRED_CANN = "9.2.0"            # the CANN release torch-npu 2.13.0 (26.2.0) ships with
+NEWEST_COMPATIBLE_CANN_LINE = "9.2"
+TRITON_ASCEND = "3.6.0"          # the triton-ascend release paired with torch-npu 2.13.0
 INSTALL_HINT = "pip install 'vllm-ascend-ext[npu]' (torch-npu 2.13.x)"
 
 
@@ -55,3 +61,23 @@ def check_npu_stack(torch_version: str, torch_npu_version: str | None,
     if too_old:
         raise NpuStackError(f"CANN {cann_version} is older than {MIN_CANN}, which torch_npu "
                             f"{torch_npu_version} needs: upgrade CANN")
+
+
+def cann_pairing_note(cann_version: str | None) -> str | None:
+    """``doctor``'s note when CANN is compatible but not the line torch-npu 2.13.0 is
+    released with (None for the paired 9.2 line, or when there is nothing to compare)."""
+    if cann_version is None:
+        return None
+    try:
+        v = _cann(cann_version)
+    except InvalidVersion:
+        return None
+    line = f"{v.major}.{v.minor}"
+    if line == NEWEST_COMPATIBLE_CANN_LINE or v < Version(MIN_CANN):
+        return None
+    if v > Version(NEWEST_COMPATIBLE_CANN_LINE + ".9999"):
+        return (f"CANN {cann_version} is newer than the lines TorchNPU 26.2 (torch-npu "
+                f"2.13) is marked compatible with (8.5 to {NEWEST_COMPATIBLE_CANN_LINE}); "
+                f"its release pairing is CANN {PAIRED_CANN}")
+    return (f"CANN {cann_version} is compatible with torch-npu 2.13, whose release pairing "
+            f"is CANN {PAIRED_CANN} (with triton-ascend {TRITON_ASCEND})")
