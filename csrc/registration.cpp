@@ -45,15 +45,23 @@ TORCH_LIBRARY(_C_ascend_ext, m) {
   m.def("emu_vector_path() -> str", &ascend_ext_emu::emu_vector_path);
 }
 
-TORCH_LIBRARY_IMPL(_C_ascend_ext, CPU, m) {
+// The plugin's ops are composites of ATen ops that never read tensor data on the host:
+// one registration serves every device whose ATen kernels exist (CPU here; on an NPU
+// torch_npu's), whether or not this library was built where CANN was installed.
+TORCH_LIBRARY_IMPL(_C_ascend_ext, CompositeExplicitAutograd, m) {
   m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_kernel);
   m.impl("npu_causal_conv1d_ext", &ascend_ext_gdn::causal_conv1d_ext_kernel);
   m.impl("npu_recurrent_gated_delta_rule_ext", &ascend_ext_gdn::recurrent_gdr_ext_kernel);
+}
+
+// Emulation kernels: the compiled form of a Python reference, CPU only.
+TORCH_LIBRARY_IMPL(_C_ascend_ext, CPU, m) {
   m.impl("emu_fused_infer_attention_score", &ascend_ext_emu::fia_emu_kernel);
   m.impl("emu_recurrent_gated_delta_rule", &ascend_ext_emu::gdr_emu_kernel);
   m.impl("emu_scatter_pa_kv_cache", &ascend_ext_emu::scatter_kv_emu_kernel);
 }
 
+// Shapes without data (torch.compile, contract mode): explicit, ahead of the composite.
 TORCH_LIBRARY_IMPL(_C_ascend_ext, Meta, m) {
   m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_meta);
   m.impl("npu_causal_conv1d_ext", &ascend_ext_gdn::causal_conv1d_ext_meta);
@@ -61,11 +69,6 @@ TORCH_LIBRARY_IMPL(_C_ascend_ext, Meta, m) {
 }
 
 #ifdef ASCEND_EXT_WITH_NPU
-// Built only where CANN is found (setup.py): the same composite kernel, its ATen ops
-// dispatched to torch_npu's NPU kernels. A fused Ascend C kernel would register here.
-TORCH_LIBRARY_IMPL(_C_ascend_ext, PrivateUse1, m) {
-  m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_kernel);
-  m.impl("npu_causal_conv1d_ext", &ascend_ext_gdn::causal_conv1d_ext_kernel);
-  m.impl("npu_recurrent_gated_delta_rule_ext", &ascend_ext_gdn::recurrent_gdr_ext_kernel);
-}
+// Built only where CANN is found (setup.py): a fused Ascend C kernel would register its
+// PrivateUse1 implementation here, ahead of the composite.
 #endif

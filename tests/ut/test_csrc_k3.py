@@ -34,6 +34,23 @@ def test_readme_install_built_the_library():
     assert "npu_mla_prolog_v3_k3" in _ext.registered_ops()
 
 
+@pytest.mark.parametrize("op", ["npu_mla_prolog_v3_k3", "npu_causal_conv1d_ext",
+                                "npu_recurrent_gated_delta_rule_ext"])
+def test_plugin_ops_serve_every_device_not_only_a_cann_build(op):
+    # one composite registration: an NPU (PrivateUse1) has the op even where the library
+    # was built without CANN; Meta keeps its explicit kernel
+    assert _ext.load()
+    table = torch._C._dispatch_dump_table(f"_C_ascend_ext::{op}")
+    rows = dict(line.split(": ", 1) for line in table.splitlines() if ": " in line)
+    for key in ("CPU", "PrivateUse1", "CUDA"):
+        assert rows[key].endswith("[default backend kernel]"), (key, rows.get(key))
+    assert rows["Meta"].endswith("[kernel]")
+    # the emulation kernels stay CPU-only
+    emu = dict(line.split(": ", 1) for line in torch._C._dispatch_dump_table(
+        "_C_ascend_ext::emu_fused_infer_attention_score").splitlines() if ": " in line)
+    assert "registration.cpp" in emu["CPU"] and "registration.cpp" not in emu.get("PrivateUse1", "")
+
+
 def _inputs(t, he, hcq, n, d, hckv, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: (torch.randn(*s, generator=g) / math.sqrt(s[0])).to(dtype)  # noqa: E731
