@@ -287,7 +287,7 @@ def main() -> None:
     p.add_argument("--floor", type=float, default=1e-5)
     p.add_argument("--no-hf", action="store_true", help="token mode against the float64 "
                    "dense model only (faster)")
-    p.add_argument("--corrupt", choices=("conv-taps", "attn-scale"),
+    p.add_argument("--corrupt", choices=("conv-taps", "attn-scale", "slot-mapping"),
                    help="negative control: break the plugin's path on purpose")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -410,7 +410,9 @@ def report(result: dict) -> None:
 def corrupt(kind: str) -> None:
     """Negative controls (test-only patches of the plugin, in this process): ``conv-taps``
     feeds the GDN conv its taps in reverse order (what repacked taps look like);
-    ``attn-scale`` makes the plugin's attention backend scale scores by 1.05x too much."""
+    ``attn-scale`` makes the plugin's attention backend scale scores by 1.05x too much;
+    ``slot-mapping`` breaks the NPU platform's slot-mapping substitute of vLLM's Triton
+    kernel (every token's KV one slot further), which the emulated engine runs."""
     from vllm_ascend_ext.attention.gdn import layer as gdn_layer
 
     if kind == "conv-taps":
@@ -425,6 +427,14 @@ def corrupt(kind: str) -> None:
             init(self, *args, **kwargs)
             self.scale *= 1.05
         impl.AscendFIAImpl.__init__ = scaled
+    elif kind == "slot-mapping":
+        from vllm_ascend_ext.worker import kernel_substitutes as ks
+
+        good = ks.SUBSTITUTES[ks.SLOT_MAPPING]
+
+        def shifted(num_tokens, max_num_tokens, qsl, positions, *args, **kwargs):
+            good(num_tokens, max_num_tokens, qsl, positions + 1, *args, **kwargs)
+        ks.SUBSTITUTES[ks.SLOT_MAPPING] = shifted
     else:
         raise SystemExit(f"unknown --corrupt {kind}")
 

@@ -127,6 +127,13 @@ def test_negative_control_reversed_conv_taps_are_named_in_the_first_gdn_layer():
     assert first["part"] == "L0.mixer" and first["position"] == 0, first
 
 
+def test_negative_control_a_broken_slot_mapping_substitute_fails_the_comparison():
+    # the emulated engine computes its slots with the NPU platform's substitute of vLLM's
+    # Triton kernel (worker/kernel_substitutes.py): shifting them must show
+    res = compare("--corrupt", "slot-mapping", "--prompts", "3", "--no-hf")
+    assert any("logprob gap" in f for f in res["failures"]), res["failures"]
+
+
 def test_negative_control_misscaled_attention_is_named_in_the_attention_layer():
     res = compare("--corrupt", "attn-scale", "--prompts", "3", "--layers", "0")
     assert res["failures"]

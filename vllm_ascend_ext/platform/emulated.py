@@ -58,6 +58,15 @@ class EmulatedAscendPlatform(CpuPlatform):
         keep_large_blocks_in_heap()
 
     @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        # vLLM's CPU substitutes, then the NPU platform's over them where it has its own:
+        # emulation runs the kernels an Atlas host runs (worker/kernel_substitutes.py).
+        super().register_triton_kernel_overrides()
+        from vllm_ascend_ext.worker import kernel_substitutes
+
+        kernel_substitutes.register()
+
+    @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
         validate_plugin_config(vllm_config)
         cls.soc()  # a bad ASCEND_EXT_SOC fails here, before the engine starts

@@ -46,6 +46,19 @@ GRAPH_WRAPPER_CLS = "vllm_ascend_ext.worker.npu_graph.AscendNPUGraphWrapper"
 SPAWN_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
+def refuse_speculation_without_substitutes(spec) -> None:
+    """Speculative decoding on the NPU launches vLLM's rejection-sampler (and drafter)
+    Triton kernels, which have no NPU substitute yet (``worker/kernel_substitutes.py``):
+    refused before the engine starts instead of failing on the first speculative step."""
+    if spec is None:
+        return
+    method = getattr(spec, "method", None) or "speculative decoding"
+    raise AscendExtError(
+        f"--speculative-config (method {method!r}): on the Ascend NPU platform vLLM's "
+        "rejection sampler and drafter kernels are Triton kernels with no NPU substitute "
+        "yet; serve without speculative decoding (emulation runs ngram speculation)")
+
+
 def use_spawn() -> None:
     """Workers start by spawn: this process imported torch_npu (the platform probe), and
     the NPU runtime does not survive a fork. vLLM forces spawn itself only for CUDA and
@@ -206,17 +219,17 @@ class AscendNPUPlatform(Platform):
             sfa_block_size(cache)
         elif not cache.user_specified_block_size:
             cache.block_size = 128
-        sched = vllm_config.scheduler_config
-        spec = vllm_config.speculative_config
-        if getattr(sched, "async_scheduling", False) and spec is not None:
-            # seq_lens_cpu_upper_bound is only an upper bound under async scheduling
-            # with speculative decoding; FIA's host lists must be exact.
-            logger.info(
-                "ascend_ext: async scheduling disabled with speculative decoding "
-                "(FIA needs exact host sequence lengths)"
-            )
-            sched.async_scheduling = False
+        # (With speculation back, async scheduling must go off with it: under it
+        # seq_lens_cpu_upper_bound is only a bound, and FIA's host lists must be exact.)
+        refuse_speculation_without_substitutes(vllm_config.speculative_config)
         preflight(PLATFORM_NAME, soc, vllm_config)
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        # vLLM calls this in every worker: its core Triton kernels, as torch on the NPU.
+        from vllm_ascend_ext.worker import kernel_substitutes
+
+        kernel_substitutes.register()
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:

@@ -1,5 +1,5 @@
 """The emulated platform's worker: vLLM's CPU worker with the plugin's orderly stop and
-its model runner (``worker/emulated_runner.py``: KV-block zeroing by scheduler block)."""
+its model runner (``worker/kv_zeroing.py``: KV-block zeroing by scheduler block)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class EmulatedAscendWorker(CPUWorker):
         super().init_device()
         from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-        from vllm_ascend_ext.worker.emulated_runner import EmulatedAscendModelRunner
+        from vllm_ascend_ext.worker.kv_zeroing import EmulatedAscendModelRunner
 
         # vLLM's CPU worker builds its V1 runner last in init_device; the emulated
         # platform's runner replaces it before anything has used it.

@@ -8,7 +8,8 @@ KV-cache allocation stays vLLM's: the FIA backend reads its K and V as contiguou
 views of vLLM's blocks (``attention/kv_layout.py``) and SFA's three caches are separate
 cache layers, so no NPU kernel needs a layout vLLM does not give.
 
-What it changes: vLLM's runner wraps the model for FULL graphs in ``CUDAGraphWrapper``
+What it changes: new KV blocks of hybrid models are zeroed by slicing
+(``worker/kv_zeroing.py``) instead of vLLM's Triton zeroing kernel; vLLM's runner wraps the model for FULL graphs in ``CUDAGraphWrapper``
 itself (not through the platform's wrapper class); ``load_model`` re-wraps that model in
 ``AscendNPUGraphWrapper``, which updates FIA's graph tasks before every replay.
 """
@@ -19,6 +20,7 @@ from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.config import CUDAGraphMode
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from vllm_ascend_ext.worker.kv_zeroing import zero_blocks
 from vllm_ascend_ext.worker.npu_graph import AscendNPUGraphWrapper
 
 
@@ -28,6 +30,11 @@ class AscendNPUModelRunner(GPUModelRunner):
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
         self.model = npu_full_graph_wrapper(self.model, self.vllm_config)
+
+    def _zero_block_ids(self, block_ids: list[int]) -> None:
+        # vLLM's zeroer launches a Triton kernel on raw addresses; the NPU zeroes every
+        # kernel block of each new block by slicing (worker/kv_zeroing.py).
+        zero_blocks(self, block_ids)
 
 
 def npu_full_graph_wrapper(model, vllm_config):
