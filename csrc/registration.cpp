@@ -45,9 +45,10 @@ TORCH_LIBRARY(_C_ascend_ext, m) {
   m.def("emu_vector_path() -> str", &ascend_ext_emu::emu_vector_path);
 }
 
-// The plugin's ops are composites of ATen ops that never read tensor data on the host:
-// one registration serves every device whose ATen kernels exist (CPU here; on an NPU
-// torch_npu's), whether or not this library was built where CANN was installed.
+// The plugin's ops are composites of ATen ops (the GDN ones never read tensor data on the
+// host; the K3 prolog's cache write uses boolean indexing): one registration serves every
+// device whose ATen kernels exist (CPU here; on an NPU torch_npu's), whether or not this
+// library was built where CANN was installed.
 TORCH_LIBRARY_IMPL(_C_ascend_ext, CompositeExplicitAutograd, m) {
   m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_kernel);
   m.impl("npu_causal_conv1d_ext", &ascend_ext_gdn::causal_conv1d_ext_kernel);

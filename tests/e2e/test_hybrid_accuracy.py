@@ -14,7 +14,7 @@ greedy tokens of prompts of 30-300+ tokens, and layer by layer.
 - negative controls: reversed conv taps (what vLLM's CPU repacking of bf16 conv weights
   did to the plugin's GDN layers) fail the comparison, and layer mode names the first
   GDN layer's token mixer at position 0; a mis-scaled attention is named at the
-  full-attention layer; in bf16, reversed conv taps fail both bf16 rules.
+  full-attention layer; in bf16, reversed conv taps fail the routed model's rule.
 """
 
 from __future__ import annotations
@@ -92,11 +92,10 @@ def test_bfloat16_matches_float64_where_margins_exceed_bf16_error():
     assert res["bf16_counted"] >= 0.3, res["bf16_counted"]   # not vacuous
 
 
-def test_bfloat16_negative_control_reversed_conv_taps():
-    res = compare("--dtype", "bfloat16", "--prompts", "8", "--variant", json.dumps(ALL_EXPERTS),
-                  "--corrupt", "conv-taps")
-    assert any("median" in f for f in res["failures"])
-    assert any("differs from float64" in f for f in res["failures"])
+def test_bfloat16_negative_control_reversed_conv_taps_on_the_routed_model():
+    # the rule the routed model is judged by (the error distribution) must catch it
+    res = compare("--dtype", "bfloat16", "--prompts", "8", "--corrupt", "conv-taps")
+    assert res["routed"] and any("median" in f for f in res["failures"]), res["failures"]
 
 
 def test_tied_word_embeddings_are_tied():

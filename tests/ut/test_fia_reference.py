@@ -205,10 +205,13 @@ def _valid_kwargs():
     (dict(num_heads=8), "num_heads=8"),
     (dict(block_size=1024), "up to 512"),
     # head size 256 only on the split-fuse path: GQA, sparse_mode 0/3, a 3-D cache
-    (dict(query=torch.randn(3, 2, 256), num_heads=2), "as many KV heads as query heads (2)"),
+    (dict(query=torch.randn(3, 2, 256), num_heads=2, key=torch.zeros(2, 16, 512),
+          value=torch.zeros(2, 16, 512)), "as many KV heads as query heads (2)"),
     (dict(query=torch.randn(3, 4, 256), key=torch.zeros(2, 2, 16, 256),
           value=torch.zeros(2, 2, 16, 256)), "3-D (BnBsH) paged cache, not 4-D"),
-    (dict(query=torch.randn(3, 4, 256), sparse_mode=2), "takes sparse_mode (0, 3), not 2"),
+    (dict(query=torch.randn(3, 4, 256), sparse_mode=2, key=torch.zeros(2, 16, 512),
+          value=torch.zeros(2, 16, 512)), "takes sparse_mode (0, 3), not 2"),
+    (dict(query=torch.randn(3, 4, 256)), "head size 256 (value 64) is not taken"),
     (dict(actual_seq_lengths=torch.tensor([1, 3])), "host list"),
 ])
 def test_rejects_what_the_npu_rejects(change, needle):

@@ -103,6 +103,7 @@ def test_split_equals_single_equals_dense(seed, n_dec, spec, n_pre, gqa, d, bs, 
     rng = random.Random(seed)
     torch.manual_seed(seed)
     nkv = 2
+    gqa = max(gqa, 2) if d == 256 else gqa   # FIA takes 256 only with GQA (fia_checks)
     nq = nkv * gqa
     # decodes (1..spec tokens each: speculative verifies), then chunks on cached prefixes
     lens = [(q, q + rng.randint(0, 200)) for q in (rng.randint(1, spec) for _ in range(n_dec))]

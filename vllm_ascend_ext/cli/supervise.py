@@ -220,30 +220,43 @@ def watch_children(report: ServerReport, period_s: float = 0.1) -> None:
     titles: dict[int, str] = {}
 
     def wait_for(pid: int, fd: int) -> None:
-        proc = _process_object(pid)    # held while the child lives
+        proc, how = None, None
         try:
+            proc = _process_object(pid)    # held while the child lives
             info = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOWAIT)
             how = death_of(info.si_code, info.si_status) if info else None
         except ChildProcessError:      # reaped by its owner first: its record says how
-            how = _reaped_status(proc)
+            # (a child that is no multiprocessing process, e.g. a subprocess.run helper
+            # the server waited for itself, is not reported)
+            how = _reaped_status(proc) if proc is not None else None
         finally:
             os.close(fd)
-        if how == "exit:0":
-            how = None
-        if how:
-            title = titles.get(pid) or "?"
-            report.send(f"died {pid} {how} {title.replace(' ', '_')}")
+        try:
+            if how and how != "exit:0":
+                title = titles.get(pid) or "?"
+                report.send(f"died {pid} {how} {title.replace(' ', '_')}")
+        finally:
+            done.add(pid)
 
+    if not hasattr(os, "P_PIDFD"):
+        return
+    done: set[int] = set()             # pids whose wait ended (forgotten once gone)
     while report.fd is not None:
-        for pid in _children(os.getpid()):
+        children = _children(os.getpid())
+        for pid in [p for p in done if p not in children]:
+            done.discard(pid)
+            titles.pop(pid, None)
+        for pid in children:
             title = _process_title(pid)
             if pid in titles:
                 titles[pid] = title or titles[pid]
                 continue
             try:
                 fd = os.pidfd_open(pid)
-            except OSError:                 # ended meanwhile
+            except ProcessLookupError:      # ended meanwhile
                 continue
+            except (OSError, AttributeError):   # no pidfds (Linux < 5.3): not watched
+                return
             titles[pid] = title or "?"
             threading.Thread(target=wait_for, args=(pid, fd), daemon=True,
                              name=f"ascend_ext-wait-{pid}").start()
@@ -449,9 +462,10 @@ def unrequested_end(server_pid: int, returncode: int, stops: _Stops) -> tuple[in
     the server chose itself while starting (e.g. ``--help``, a bad argument)."""
     code = _exit_code(returncode)
     if returncode < 0:
-        return code, f"the server process (pid {server_pid}) {_how(f'signal:{signal.Signals(-returncode).name}')}"
+        return code, f"the server process (pid {server_pid}) {_how(death_of(os.CLD_KILLED, -returncode))}"
     if stops.deaths:
-        pid, how, title = stops.deaths[0]
+        known = [d for d in stops.deaths if d[1] != "unknown"]
+        pid, how, title = (known or stops.deaths)[0]
         return (code or 1), (f"the server stopped because its process {title} (pid {pid}) "
                              f"{_how(how)}; exiting with status {code or 1}")
     if stops.serving and code == 0:

@@ -161,8 +161,11 @@ def check_fia(
         _fail(f"GQA ratio {num_heads // kvh} exceeds {MAX_GQA_RATIO}")
     if d not in SUPPORTED_HEAD_SIZES:
         _fail(f"head size {d} not supported (allowed: {SUPPORTED_HEAD_SIZES})")
-    why = tnd_head_dims_refusal(d, value.shape[-1] if value.dim() == 3 and block_table is None
-                                else d, num_heads, kvh, sparse_mode,
+    if block_table is None or value.dim() == 4:
+        dv = value.shape[-1]
+    else:                                      # BnBsH: (blocks, block size, KV_N * Dv)
+        dv = value.shape[-1] // kvh
+    why = tnd_head_dims_refusal(d, dv, num_heads, kvh, sparse_mode,
                                 key.dim() if block_table is not None else None)
     if why:
         _fail(why)

@@ -77,12 +77,13 @@ def names() -> list[str]:
 def _squash(name: str) -> str:
     """Lower case without separators: ``Ascend910B4-1``, ``ascend910b4_1`` and ``910B4 1``
     are one chip (npu-smi prints ``910B4-1``; torch_npu names it ``Ascend910B4_1``)."""
-    return "".join(c for c in name.lower() if c not in " _-\t")
+    return "".join(c for c in name.lower() if c not in "_-" and not c.isspace())
 
 
 def from_name(name: str) -> Soc:
     key = _squash(name)
-    key = _squash(_ALIASES.get(key, key))
+    bare = key.removeprefix("ascend")
+    key = _squash(_ALIASES.get(key, _ALIASES.get(bare, key)))
     for candidate in (key, "ascend" + key):
         for soc in _SOCS:
             if _squash(soc.name) == candidate:

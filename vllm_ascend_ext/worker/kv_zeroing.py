@@ -46,8 +46,10 @@ def zero_blocks(runner, block_ids: list[int]) -> None:
             if not isinstance(kv, torch.Tensor) or kv.data_ptr() in seen:
                 continue
             seen.add(kv.data_ptr())
-            for rows in kernel_rows(block_ids, kv.shape[0], runner.kv_cache_config.num_blocks):
-                kv[rows.start:rows.stop].zero_()
+            rows = [r for span in kernel_rows(block_ids, kv.shape[0],
+                                              runner.kv_cache_config.num_blocks) for r in span]
+            # one launch per layer (a host list to the device: no device-to-host sync)
+            kv.index_fill_(0, torch.tensor(rows, device=kv.device), 0)
 
 
 class EmulatedAscendModelRunner(CPUModelRunner):

@@ -31,6 +31,10 @@ class AscendNPUModelRunner(GPUModelRunner):
         super().load_model(*args, **kwargs)
         self.model = npu_full_graph_wrapper(self.model, self.vllm_config)
 
+    def _init_kv_zero_meta(self) -> None:
+        # vLLM's zeroer precomputes raw addresses for its Triton kernel; not used here.
+        return None
+
     def _zero_block_ids(self, block_ids: list[int]) -> None:
         # vLLM's zeroer launches a Triton kernel on raw addresses; the NPU zeroes every
         # kernel block of each new block by slicing (worker/kv_zeroing.py).
