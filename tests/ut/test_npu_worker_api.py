@@ -202,3 +202,25 @@ def test_every_torch_accelerator_call_reached_is_served_by_the_wheels_library(li
         for symbol in LIBRARY_EVIDENCE[backing]:
             assert symbol in libtorch_npu, f"{backing}: {symbol!r} not in libtorch_npu.so"
     assert b"_ZN3c1015DeviceAllocatorC2Ev_not_a_symbol" not in libtorch_npu
+
+
+def test_weak_ref_tensor_is_provided_only_where_no_library_defines_it():
+    import torch
+
+    import vllm_ascend_ext.worker.npu_device as nd
+
+    # a namespace without it (as a device-less vLLM build's _C; vLLM's CPU build has none
+    # either): defined once, and vLLM's call form reaches the given function; a second
+    # call (or a library that defines it, as vLLM's CUDA build does) is left alone
+    calls = []
+
+    def weak_ref(t):
+        calls.append(t.data_ptr())
+        return t.view_as(t)
+
+    ns = "_ascend_ext_test_weak_ref"
+    assert nd.provide_weak_ref_tensor(weak_ref, namespace=ns, dispatch_key="CPU") is True
+    assert nd.provide_weak_ref_tensor(weak_ref, namespace=ns, dispatch_key="CPU") is False
+    x = torch.arange(4.0)
+    y = getattr(torch.ops, ns).weak_ref_tensor(x)
+    assert y.data_ptr() == x.data_ptr() and calls == [x.data_ptr()]

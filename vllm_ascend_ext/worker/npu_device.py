@@ -136,3 +136,28 @@ def route_cuda_streams(module: types.ModuleType, cuda: types.ModuleType | None =
         replaced[name] = getattr(cuda, name, None)
         setattr(cuda, name, value)
     return replaced
+
+
+# vLLM's graph capture keeps weak references to the graph's outputs through
+# ``torch.ops._C.weak_ref_tensor`` (``vllm/utils/torch_utils.py``), an op of vLLM's CUDA
+# extension; a device-less (NPU) build of vLLM has no ``_C`` library. torch_npu provides
+# the same function (``torch_npu._C._weak_ref_tensor``).
+_WEAK_REF_LIBRARIES: list = []
+
+
+def provide_weak_ref_tensor(weak_ref, *, namespace: str = "_C",
+                            dispatch_key: str = "PrivateUse1") -> bool:
+    """Define ``<namespace>::weak_ref_tensor(Tensor input) -> Tensor`` with ``weak_ref``
+    for ``dispatch_key``, only where no library defines it; True if defined here."""
+    if hasattr(getattr(torch.ops, namespace), "weak_ref_tensor"):
+        return False
+    lib = torch.library.Library(namespace, "FRAGMENT")
+    lib.define("weak_ref_tensor(Tensor input) -> Tensor")
+    lib.impl("weak_ref_tensor", weak_ref, dispatch_key)
+    _WEAK_REF_LIBRARIES.append(lib)   # the registration lives as long as the library
+    return True
+
+
+def npu_weak_ref():
+    """torch_npu's weak-reference function (NPU hosts only)."""
+    return importlib.import_module("torch_npu")._C._weak_ref_tensor

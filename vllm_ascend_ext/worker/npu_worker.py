@@ -6,8 +6,9 @@ What it changes, and nothing else (everything not named here is vLLM's ``Worker`
   device ``npu:<visible index>``, the device set through the device module, HCCL process
   groups (``current_platform.dist_backend``), the memory snapshot the KV-cache budget is
   measured from (``torch.accelerator``, served by torch_npu's caching allocator), and the
-  ``torch.cuda`` stream/event names routed to ``torch.npu`` before the runner is built
-  (``worker/npu_device.py``).
+  ``torch.cuda`` stream/event names routed to ``torch.npu`` before the runner is built,
+  and ``torch.ops._C.weak_ref_tensor`` (graph capture) provided by torch_npu's where the
+  device-less vLLM build has none (``worker/npu_device.py``).
 * ``_make_model_runner``: always the plugin's V1 runner (``AscendNPUModelRunner``). vLLM
   picks Model Runner V2 whenever Triton is usable, and triton-ascend makes it usable on
   Atlas hosts; the plugin's metadata builders are written against V1. Logged once.
@@ -89,6 +90,8 @@ class AscendNPUWorker(Worker):
         self.device = torch.device(f"{current_platform.device_type}:{index}")
         dev.set_device(self.device)
         npu_device.route_cuda_streams(dev)
+        if self.device_module_factory is npu_device.npu_module:   # a real NPU
+            npu_device.provide_weak_ref_tensor(npu_device.npu_weak_ref())
         current_platform.check_if_supports_dtype(self.model_config.dtype)
         # Process groups first, so HCCL's buffers are in the snapshot the KV budget uses.
         init_worker_distributed_environment(self.vllm_config, self.rank,
