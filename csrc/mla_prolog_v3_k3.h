@@ -1,5 +1,5 @@
 // npu_mla_prolog_v3_k3: the MLA prolog for layers without a RoPE part
-// (qk_rope_head_dim == 0). Semantics: ../shared/npu-ops.md section 2 with the RoPE
+// (qk_rope_head_dim == 0). Semantics: docs/npu-ops.md section 2 with the RoPE
 // inputs, outputs and the rope cache removed; see vllm_ascend_ext/ops/mla_prolog_k3.py.
 #pragma once
 

@@ -1,6 +1,6 @@
 """``torch_npu.npu_fused_infer_attention_score`` (FIA): NPU call, reference, meta.
 
-Semantics: ``shared/npu-ops.md`` section 1 (TND layout, cumulative
+Semantics: ``docs/npu-ops.md`` section 1 (TND layout, cumulative
 ``actual_seq_lengths``, per-request ``actual_seq_lengths_kv`` with a block table,
 cumulative without; ``sparse_mode`` 0/2/3/4 with the 2048x2048 compressed mask
 whose content is a per-tile template; GQA with contiguous head groups; fp32

@@ -1,6 +1,6 @@
 """``torch_npu.npu_kv_rmsnorm_rope_cache``: MLA key-side RmsNorm + RoPE + paged cache write.
 
-Semantics (``shared/npu-ops.md`` §3, golden ``test_npu_kv_rms_norm_rope_cache.py``):
+Semantics (``docs/npu-ops.md`` §3, golden ``test_npu_kv_rms_norm_rope_cache.py``):
 
 - ``kv`` [B,1,S,Dc+Dr] (Dc=512, Dr=64 on the NPU): ``kv[..., :Dc]`` -> RmsNorm with
   ``gamma`` [Dc]; ``kv[..., Dc:]`` -> interleaved-input RoPE written half-split

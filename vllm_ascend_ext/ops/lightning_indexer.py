@@ -1,6 +1,6 @@
 """``torch_npu.npu_lightning_indexer``: DeepSeek-V3.2 top-k token selection.
 
-Semantics (``shared/npu-ops.md`` §4.1, golden ``test_npu_lightning_indexer.py``):
+Semantics (``docs/npu-ops.md`` §4.1, golden ``test_npu_lightning_indexer.py``):
 per query token ``t`` of request ``b``, over the request's visible keys
 ``j`` (``sparse_mode=3``: ``j <= i + Lk - Lq``; ``0``: all ``Lk``)
 

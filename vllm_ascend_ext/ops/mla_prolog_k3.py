@@ -3,7 +3,7 @@
 The plugin's own op (compiled in ``csrc/``, namespace ``_C_ascend_ext``; never CANN's
 ``npu_mla_prolog_v3`` name). Schema: ``npu_mla_prolog_v3`` without the RoPE inputs
 (``rope_sin``, ``rope_cos``, ``kr_cache``) and outputs; returns ``(query, query_norm)``
-(``query_norm`` None unless ``query_norm_flag``). Semantics (``shared/npu-ops.md`` §2,
+(``query_norm`` None unless ``query_norm_flag``). Semantics (``docs/npu-ops.md`` §2,
 non-quantized, with ``qk_rope_head_dim == 0``):
 
     c^Q   = RmsNorm(x @ W_dq, gamma_cq) * qc_qr_scale      (rounded to weight_uk's dtype)

@@ -1,6 +1,6 @@
 """``torch_npu.npu_rms_norm(self, gamma, epsilon=1e-6) -> (y, rstd)``.
 
-Semantics (``shared/npu-ops.md`` §5): fp32 compute over the trailing
+Semantics (``docs/npu-ops.md`` §5): fp32 compute over the trailing
 ``gamma.dim()`` dims; ``rstd = rsqrt(mean(x^2) + eps)`` (fp32, keepdim);
 ``y = (x * rstd * gamma).to(x.dtype)``; gamma may be fp32 with fp16/bf16 x.
 """

@@ -1,6 +1,6 @@
 """``torch_npu.npu_dynamic_quant`` and ``torch_npu.npu_quant_matmul`` (W8A8 dynamic).
 
-Semantics (``shared/npu-ops.md`` §5):
+Semantics (``docs/npu-ops.md`` §5):
 
 - ``npu_dynamic_quant(x, *, smooth_scales=None, ...) -> (y int8, scale fp32)``:
   per-token symmetric; ``xs = x * smooth_scales`` (if given),

@@ -1,6 +1,6 @@
 """``torch_npu.npu_interleave_rope`` and the RoPE convention it shares with the MLA ops.
 
-Semantics (``shared/npu-ops.md`` §0.7, §5): the rope vector arrives **interleaved**
+Semantics (``docs/npu-ops.md`` §0.7, §5): the rope vector arrives **interleaved**
 (pairs (x0,x1),(x2,x3),...); the op de-interleaves it, applies rotate-half RoPE
 with "half-duplicated" cos/sin (``cat([freqs, freqs]).cos()``) and writes the
 result in half-split order. The same permutation is applied to query and key, so

@@ -1,6 +1,6 @@
 """``torch_npu.npu_sparse_flash_attention`` (SFA): MLA-absorbed attention over selected tokens.
 
-Semantics (``shared/npu-ops.md`` §4.2, golden ``test_npu_sparse_flash_attention.py``):
+Semantics (``docs/npu-ops.md`` §4.2, golden ``test_npu_sparse_flash_attention.py``):
 per query token ``t`` (row ``i`` of request ``b``), the selected keys are the entries
 of ``sparse_indices[t, 0]`` before the first -1 (logical positions in the request's
 KV sequence), further restricted by ``sparse_mode=3`` to ``j <= Lkv - Lq + i``.

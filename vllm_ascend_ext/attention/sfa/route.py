@@ -1,6 +1,6 @@
 """Which preprocessing an SFA layer takes: native chain or the fused MLA prolog (pure).
 
-The rule (vllm-ascend PR 16328, ``shared/prior-art.md``):
+The rule (vllm-ascend PR 16328, the route vllm-ascend takes for DeepSeek-V3.2):
 
 - a prefill context-parallel route, when enabled, excludes the fused prolog;
 - quantized layers (W8A8 dynamic; MXFP8 where the SoC has it) take
