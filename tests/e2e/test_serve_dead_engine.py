@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,23 +19,11 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import REPO, child_env
+from tests.e2e.nightly.serving import free_port
+from vllm_ascend_ext.cli.supervise import HealthTarget, health_ok
 from vllm_ascend_ext.models import tiny_model_path
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def _stream(port: int, seen: dict) -> None:
@@ -59,7 +46,7 @@ def _stream(port: int, seen: dict) -> None:
 def test_killed_engine_process_fails_the_server_and_is_named():
     env = child_env(emulate=True)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")     # as a user's server runs: engine in a process
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm_ascend_ext", "serve", tiny_model_path(), "--host",
@@ -67,7 +54,7 @@ def test_killed_engine_process_fails_the_server_and_is_named():
             cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + 300
-            while not _healthy(port):
+            while not health_ok(HealthTarget("127.0.0.1", port)):
                 assert proc.poll() is None and time.monotonic() < deadline, "server ended early"
                 time.sleep(0.5)
             seen: dict = {}

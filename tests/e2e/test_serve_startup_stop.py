@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,15 +16,10 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import REPO, child_env
+from tests.e2e.nightly.serving import free_port
 from vllm_ascend_ext.models import tiny_model_path
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _interrupt(sig: int, after_line: str | None, delay_s: float = 0.0):
@@ -34,7 +28,7 @@ def _interrupt(sig: int, after_line: str | None, delay_s: float = 0.0):
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm_ascend_ext", "serve", tiny_model_path(), "--host",
-             "127.0.0.1", "--port", str(_free_port()), "--dtype", "float32"],
+             "127.0.0.1", "--port", str(free_port()), "--dtype", "float32"],
             cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 300
         while after_line is not None:

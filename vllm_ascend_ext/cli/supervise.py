@@ -182,6 +182,12 @@ def death_of(code: int, status: int) -> str | None:
     return None
 
 
+def _death_of_returncode(returncode: int) -> str | None:
+    """``death_of`` for a Popen-style returncode (negative: the signal)."""
+    return (death_of(os.CLD_KILLED, -returncode) if returncode < 0
+            else death_of(os.CLD_EXITED, returncode))
+
+
 def _process_object(pid: int):
     """The ``multiprocessing`` process object that started child ``pid``, if any (vLLM
     starts its engine core so; its owner's reaping records the returncode there)."""
@@ -197,13 +203,12 @@ def _process_object(pid: int):
 
 def _reaped_status(proc, wait_s: float = 2.0) -> str:
     """How a child that its owner reaped first ended, from its process object's
-    returncode (negative: the signal); ``unknown`` without one."""
+    returncode (None for a clean exit); ``unknown`` without one."""
     deadline = time.monotonic() + wait_s
     while proc is not None and time.monotonic() < deadline:
         code = proc._popen.returncode
         if code is not None:
-            return (death_of(os.CLD_KILLED, -code) if code < 0
-                    else death_of(os.CLD_EXITED, code)) or "exit:0"
+            return _death_of_returncode(code)
         time.sleep(0.02)
     return "unknown"
 
@@ -232,7 +237,7 @@ def watch_children(report: ServerReport, period_s: float = 0.1) -> None:
         finally:
             os.close(fd)
         try:
-            if how and how != "exit:0":
+            if how:
                 title = titles.get(pid) or "?"
                 report.send(f"died {pid} {how} {title.replace(' ', '_')}")
         finally:
@@ -462,7 +467,7 @@ def unrequested_end(server_pid: int, returncode: int, stops: _Stops) -> tuple[in
     the server chose itself while starting (e.g. ``--help``, a bad argument)."""
     code = _exit_code(returncode)
     if returncode < 0:
-        return code, f"the server process (pid {server_pid}) {_how(death_of(os.CLD_KILLED, -returncode))}"
+        return code, f"the server process (pid {server_pid}) {_how(_death_of_returncode(returncode))}"
     if stops.deaths:
         known = [d for d in stops.deaths if d[1] != "unknown"]
         pid, how, title = (known or stops.deaths)[0]

@@ -2,7 +2,7 @@
 reference and the meta implementation.
 
 They read shapes, dtypes and host lists only (never tensor data), so they run on
-``meta`` tensors too. Constraints follow ``shared/npu-ops.md`` section 1; each one
+``meta`` tensors too. Constraints follow ``docs/npu-ops.md`` section 1; each one
 the NPU would reject is rejected here with a message naming the argument.
 
 Relaxations of the emulation, on purpose and documented in README:
@@ -29,7 +29,6 @@ EMULATION_DTYPES = NPU_DTYPES + (torch.float32,)
 # full attention) is served where each rank keeps fewer KV heads than query heads:
 # ``tnd_head_dims_refusal``.
 SUPPORTED_HEAD_SIZES = (64, 128, 192, 256)
-PROMPT_PATH_HEAD_SIZES = (64, 128, 192)
 SPLIT_FUSE_MAX_HEAD_SIZE = 256
 SPLIT_FUSE_SPARSE_MODES = (0, 3)
 MAX_GQA_RATIO = 64

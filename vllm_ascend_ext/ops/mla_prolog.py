@@ -1,6 +1,6 @@
 """``torch_npu.npu_mla_prolog_v3``: the fused MLA preprocessing (query and latent-KV paths).
 
-Semantics (``shared/npu-ops.md`` §2; structure from ``test_mla_prolog_v3.py::baseline``):
+Semantics (``docs/npu-ops.md`` §2; structure from ``test_mla_prolog_v3.py::baseline``):
 
     c^Q   = RmsNorm(x @ W_dq, gamma_cq) * qc_qr_scale                [T, Hcq]
     q     = c^Q @ W_uq_qr  -> per head [q_nope (D) | q_pe (Dr)]     [T, N, D+Dr]

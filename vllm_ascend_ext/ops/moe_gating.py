@@ -19,8 +19,8 @@ wheel does not spell out, from CANN's ``aclnnMoeGatingTopK`` documentation and g
 - ``npu_moe_gating_top_k_softmax(x [N,E], finished=None, k=1) -> (y [N,k] x.dtype,
   expert_idx [N,k] int32, row_idx [N,k] int32)``: softmax over experts, top ``k`` best
   first (float16 input ranked on half-precision probabilities, bfloat16 and float32 on
-  float32 ones; ties: lower expert id first); ``row_idx[n, j] = j * N + n`` (k-major, the layout ``npu_moe_init_routing``
-  reads); a ``finished`` row gets expert id ``E``. ``0 < k <= min(E, 1024)``; 2-D only.
+  float32 ones; ties: lower expert id first); ``row_idx[n, j] = j * N + n`` (k-major,
+  the layout ``npu_moe_init_routing`` reads); a ``finished`` row gets expert id ``E``. ``0 < k <= min(E, 1024)``; 2-D only.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One table, used by the real platform (from ``npu-smi``'s chip name or ``ASCEND_EXT_SOC``),
 the emulated one (from ``ASCEND_EXT_SOC``), and every gate that depends on the chip. Numbers from
-torch_npu's ``c10_npu::SocVersion`` (see ``shared/npu-ops.md`` section 6).
+torch_npu's ``c10_npu::SocVersion`` (see ``docs/npu-ops.md`` section 6).
 """
 
 from __future__ import annotations
@@ -80,14 +80,16 @@ def _squash(name: str) -> str:
     return "".join(c for c in name.lower() if c not in "_-" and not c.isspace())
 
 
+_BY_SQUASHED_NAME = {_squash(soc.name): soc for soc in _SOCS}
+
+
 def from_name(name: str) -> Soc:
     key = _squash(name)
     bare = key.removeprefix("ascend")
     key = _squash(_ALIASES.get(key, _ALIASES.get(bare, key)))
-    for candidate in (key, "ascend" + key):
-        for soc in _SOCS:
-            if _squash(soc.name) == candidate:
-                return soc
+    soc = _BY_SQUASHED_NAME.get(key) or _BY_SQUASHED_NAME.get("ascend" + key)
+    if soc is not None:
+        return soc
     close = difflib.get_close_matches(key, names(), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise UnknownSocError(

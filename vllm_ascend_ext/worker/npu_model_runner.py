@@ -9,9 +9,10 @@ views of vLLM's blocks (``attention/kv_layout.py``) and SFA's three caches are s
 cache layers, so no NPU kernel needs a layout vLLM does not give.
 
 What it changes: new KV blocks of hybrid models are zeroed by slicing
-(``worker/kv_zeroing.py``) instead of vLLM's Triton zeroing kernel; vLLM's runner wraps the model for FULL graphs in ``CUDAGraphWrapper``
-itself (not through the platform's wrapper class); ``load_model`` re-wraps that model in
-``AscendNPUGraphWrapper``, which updates FIA's graph tasks before every replay.
+(``worker/kv_zeroing.py``) instead of vLLM's Triton zeroing kernel; vLLM's runner wraps
+the model for FULL graphs in ``CUDAGraphWrapper`` itself (not through the platform's
+wrapper class); ``load_model`` re-wraps that model in ``AscendNPUGraphWrapper``, which
+updates FIA's graph tasks before every replay.
 """
 
 from __future__ import annotations
