@@ -61,3 +61,18 @@ def python_reference_forced() -> bool:
     """True when ``ASCEND_EXT_PY_REFERENCE`` forces the Python references of the emulation
     kernels (``_C_ascend_ext.emu_*``): for debugging, and for the tests comparing them."""
     return _flag(PY_REFERENCE)
+
+
+EMULATED_WORKER = "ASCEND_EXT_EMULATED_WORKER"
+EMULATED_WORKERS = ("npu", "cpu")
+
+
+def emulated_worker() -> str:
+    """Which worker the emulated platform runs (``ASCEND_EXT_EMULATED_WORKER``): ``npu``
+    (default: the plugin's NPU worker and runner on the CPU stand-in device) or ``cpu``
+    (vLLM's CPU worker, for comparison with the engine path before the stand-in)."""
+    raw = os.environ.get(EMULATED_WORKER, "").strip().lower() or "npu"
+    if raw not in EMULATED_WORKERS:
+        raise AscendExtError(f"{EMULATED_WORKER}={os.environ[EMULATED_WORKER]!r}: expected "
+                             f"one of {', '.join(EMULATED_WORKERS)}")
+    return raw

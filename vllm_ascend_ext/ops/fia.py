@@ -292,6 +292,30 @@ def npu_fused_infer_attention_score(
     )
 
 
+def npu_fused_infer_attention_score_out(query, key, value, *, workspace, out, **kwargs):
+    """The ``.out`` overload graph tasks issue (``attention/fia/graph_tasks.py``): on an NPU
+    torch_npu's, writing ``out = [attention, lse]``; elsewhere the functional operator above
+    (checked by the contract harness in contract mode) written into ``out``."""
+    if query.device.type == "npu":
+        return torch_npu_module().npu_fused_infer_attention_score.out(
+            query, key, value, workspace=workspace, out=out, **kwargs)
+    attn, lse = npu_fused_infer_attention_score(query, key, value, **kwargs)
+    out[0].copy_(attn)
+    if kwargs.get("softmax_lse_flag"):
+        out[1].copy_(lse)
+    return out
+
+
+def fia_max_workspace(query, key, value, **kwargs) -> torch.Tensor:
+    """The workspace a graph task's FIA call is given: torch_npu's
+    ``_npu_fused_infer_attention_score_get_max_workspace`` on an NPU; the references need
+    none (an empty tensor)."""
+    if query.device.type == "npu":
+        return torch_npu_module()._npu_fused_infer_attention_score_get_max_workspace(
+            query, key, value, **kwargs)
+    return query.new_empty(0, dtype=torch.uint8)
+
+
 def causal_mask_2048(device: torch.device | str = "cpu") -> torch.Tensor:
     """The canonical compressed causal mask (1 = masked) that sparse_mode 2/3/4 take."""
     return torch.triu(torch.ones(2048, 2048, dtype=torch.int8, device=device), diagonal=1)

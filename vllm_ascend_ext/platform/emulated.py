@@ -34,7 +34,29 @@ from vllm_ascend_ext.platform.selection import preflight, select_attention_backe
 logger = init_logger("vllm.ascend_ext")
 
 PLATFORM_NAME = "ascend_ext-emulated"
-WORKER_CLS = "vllm_ascend_ext.worker.emulated.EmulatedAscendWorker"
+WORKER_CLS = "vllm_ascend_ext.worker.emulated_npu.EmulatedNPUWorker"
+NPU_GRAPH_WRAPPER_CLS = "vllm_ascend_ext.worker.npu_graph.AscendNPUGraphWrapper"
+CPU_WORKER_CLS = "vllm_ascend_ext.worker.emulated.EmulatedAscendWorker"
+
+
+def emulated_graph_mode(vllm_config, capture_sizes: list[int]) -> None:
+    """The NPU platform's graph decision (``platform/graph_mode.py``) on the emulated NPU
+    engine path, with the capture sizes vLLM chose (its CPU platform clears them). The
+    stand-in records graphs at the dispatcher, so a model that captures graphs compiles
+    with Dynamo's eager backend (inductor's CPU kernels would not be seen)."""
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    from vllm_ascend_ext.platform.graph_mode import apply_graph_mode
+
+    comp = vllm_config.compilation_config
+    mode, _ = apply_graph_mode(vllm_config, sparse=is_sparse_mla_model(vllm_config.model_config))
+    if mode == CUDAGraphMode.NONE:
+        return
+    comp.cudagraph_capture_sizes = capture_sizes
+    if comp.mode != CompilationMode.NONE and comp.backend != "eager":
+        logger.info_once("ascend_ext: decode graphs on the CPU stand-in are recorded at the "
+                         "dispatcher: the model compiles with Dynamo's eager backend")
+        comp.backend = "eager"
 
 
 class EmulatedAscendPlatform(CpuPlatform):
@@ -50,6 +72,27 @@ class EmulatedAscendPlatform(CpuPlatform):
                 "platform serves its own backend instead", selected_backend.name,
             )
         return select_attention_backend(PLATFORM_NAME, cls.soc(), attn_selector_config)
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        # Decode graphs on the CPU stand-in device, as on an NPU (NPU worker only).
+        return envs.emulated_worker() == "npu"
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        return NPU_GRAPH_WRAPPER_CLS
+
+    @classmethod
+    def graph_pool_handle(cls):
+        from vllm_ascend_ext.worker import npu_device
+
+        return npu_device.current_runtime().graph_pool_handle()
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype) -> None:
+        # The NPU worker asks; the references compute every dtype vLLM's CPU path takes
+        # (float32 for exact comparisons; contract mode requires an NPU dtype itself).
+        return None
 
     @classmethod
     def import_kernels(cls) -> None:
@@ -82,7 +125,8 @@ class EmulatedAscendPlatform(CpuPlatform):
         sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
-            parallel.worker_cls = WORKER_CLS
+            parallel.worker_cls = (WORKER_CLS if envs.emulated_worker() == "npu"
+                                   else CPU_WORKER_CLS)
         budget = kv_budget.apply(vllm_config, psutil.virtual_memory().available)
         if budget is not None:
             logger.info(
@@ -93,7 +137,10 @@ class EmulatedAscendPlatform(CpuPlatform):
             )
         kept = (sched.enable_chunked_prefill, cache.enable_prefix_caching,
                 sched.max_num_batched_tokens)
+        capture_sizes = list(vllm_config.compilation_config.cudagraph_capture_sizes or [])
         super().check_and_update_config(vllm_config)
+        if envs.emulated_worker() == "npu":
+            emulated_graph_mode(vllm_config, capture_sizes)
         if is_sparse_mla_model(vllm_config.model_config):
             # vLLM's CPU platform turns chunked prefill and prefix caching off for MLA
             # (its CPU MLA kernel); the SFA backend serves both, on its own block size.

@@ -26,6 +26,20 @@ import types
 
 import torch
 
+# The device runtime this process's worker brought up (torch.npu, or the emulated
+# platform's CPU stand-in); None in a process that runs no NPU worker.
+_RUNTIME: list = [None]
+
+
+def set_runtime(module: types.ModuleType | None) -> None:
+    _RUNTIME[0] = module
+
+
+def current_runtime() -> types.ModuleType | None:
+    """The device runtime of this process's NPU worker (None without one)."""
+    return _RUNTIME[0]
+
+
 # torch.cuda name -> the device module's name for the same thing (torch.npu).
 CUDA_ROUTED = {
     "Stream": "Stream",

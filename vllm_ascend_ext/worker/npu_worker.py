@@ -12,6 +12,8 @@ What it changes, and nothing else (everything not named here is vLLM's ``Worker`
 * ``_make_model_runner``: always the plugin's V1 runner (``AscendNPUModelRunner``). vLLM
   picks Model Runner V2 whenever Triton is usable, and triton-ascend makes it usable on
   Atlas hosts; the plugin's metadata builders are written against V1. Logged once.
+* ``compile_or_warm_up_model``: vLLM's warm-up sequence without its CUDA kernel tuning
+  (``worker/npu_warmup.py``).
 * ``sleep`` / ``wake_up``: refused with the reason (vLLM's sleep mode lives in CUDA's
   ``cumem`` allocator; the NPU platform reports sleep mode unavailable, so vLLM refuses
   ``--enable-sleep-mode`` before this point).
@@ -87,11 +89,11 @@ class AscendNPUWorker(Worker):
                 f"{_visible()!r}); "
                 "lower the parallel sizes or make more devices visible")
         index = current_platform.logical_device_id_to_visible_device_id(self.local_rank)
-        self.device = torch.device(f"{current_platform.device_type}:{index}")
+        self.device = self.device_for(index)
         dev.set_device(self.device)
         npu_device.route_cuda_streams(dev)
-        if self.device_module_factory is npu_device.npu_module:   # a real NPU
-            npu_device.provide_weak_ref_tensor(npu_device.npu_weak_ref())
+        npu_device.set_runtime(dev)
+        self.provide_weak_ref_tensor()
         current_platform.check_if_supports_dtype(self.model_config.dtype)
         # Process groups first, so HCCL's buffers are in the snapshot the KV budget uses.
         init_worker_distributed_environment(self.vllm_config, self.rank,
@@ -111,10 +113,24 @@ class AscendNPUWorker(Worker):
                      self.init_snapshot, format_gib(self.requested_memory))
         self._init_workspace_and_model_runner()
 
+    def device_for(self, index: int) -> torch.device:
+        """The torch device of visible device ``index``."""
+        return torch.device(f"{current_platform.device_type}:{index}")
+
+    def provide_weak_ref_tensor(self) -> None:
+        # vLLM's graph capture needs torch.ops._C.weak_ref_tensor (npu_device.py).
+        npu_device.provide_weak_ref_tensor(npu_device.npu_weak_ref())
+
     def _make_model_runner(self):
         from vllm_ascend_ext.worker.npu_model_runner import AscendNPUModelRunner
 
         return AscendNPUModelRunner(self.vllm_config, self.device)
+
+    def compile_or_warm_up_model(self):
+        # vLLM's sequence without its CUDA kernel warm-up (worker/npu_warmup.py).
+        from vllm_ascend_ext.worker.npu_warmup import compile_or_warm_up
+
+        return compile_or_warm_up(self)
 
     def sleep(self, level: int = 1) -> None:
         raise AscendExtError(

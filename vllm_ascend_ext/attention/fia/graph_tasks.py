@@ -127,18 +127,30 @@ def _check_lists(host_lists: dict[str, Sequence[int]]) -> None:
 
 
 def for_device(vllm_config, device) -> FiaGraphTasks | None:
-    """The builder's graph tasks: on an NPU whose compilation captures full graphs, else
-    None (eager steps, and every non-NPU device, call FIA directly)."""
-    if device is None or torch.device(device).type != "npu" or vllm_config is None:
+    """The builder's graph tasks where decode graphs are captured: on an NPU (torch.npu,
+    torch_npu's ``.out`` and workspace) and on the emulated platform's CPU stand-in of the
+    NPU runtime (the stand-in, the operator's references); else None (eager steps call
+    FIA directly)."""
+    if device is None or vllm_config is None:
         return None
     mode = vllm_config.compilation_config.cudagraph_mode
     if mode is None or not mode.has_full_cudagraphs():
         return None
-    import importlib
+    if torch.device(device).type == "npu":
+        import importlib
 
-    torch_npu = importlib.import_module("torch_npu")
-    return FiaGraphTasks(torch.npu, torch_npu.npu_fused_infer_attention_score.out,
-                         torch_npu._npu_fused_infer_attention_score_get_max_workspace)
+        torch_npu = importlib.import_module("torch_npu")
+        return FiaGraphTasks(torch.npu, torch_npu.npu_fused_infer_attention_score.out,
+                             torch_npu._npu_fused_infer_attention_score_get_max_workspace)
+    from vllm_ascend_ext.worker import cpu_npu, npu_device
+
+    runtime = npu_device.current_runtime()
+    if runtime is None or not cpu_npu.is_stand_in(runtime):
+        return None
+    from vllm_ascend_ext.ops import fia
+
+    return FiaGraphTasks(runtime, fia.npu_fused_infer_attention_score_out,
+                         fia.fia_max_workspace)
 
 
 def graph_key(default: Hashable) -> Hashable:

@@ -1,0 +1,255 @@
+"""A CPU stand-in of the NPU device runtime: the ``torch.npu`` surface the NPU worker,
+the NPU model runner and the FIA graph tasks reach, for the emulated platform.
+
+The emulated platform runs the plugin's NPU worker and runner (``worker/npu_worker.py``,
+``worker/npu_model_runner.py``) with this module in the place of ``torch.npu``; nothing
+else of the NPU path changes. What it models:
+
+* **streams and events**: synchronous (every operator has finished when it returns), so
+  waits, records and synchronizes are orderings that already hold; the current stream
+  is tracked as on a device.
+* **graphs with NPU semantics**: ``NPUGraph`` is ``CpuGraph`` (``worker/cpu_npu_graph.py``):
+  capture records the dispatched operator calls on their buffers, replay re-issues
+  them with host values frozen at capture, and the graph-task API
+  (``graph_task_group_begin/end``, ``graph_task_update_begin/end``) updates one task.
+* **memory**: the device's memory is this host's: total and free from the OS, the
+  runtime's "allocated/reserved" bytes the process's resident growth since the device
+  was brought up, its peak the largest value seen since the last reset. It feeds the
+  worker's memory snapshot and ``torch.accelerator``'s statistics; the emulated KV
+  budget itself is chosen before the engine starts (``platform/kv_budget.py``).
+
+``install`` points ``torch.accelerator``'s device functions and ``torch.Event`` (which the
+GPU runner uses directly, and which a CPU build cannot record) at the stand-in, in the
+emulated worker's process only. Never imported on an NPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import psutil
+import torch
+
+from vllm_ascend_ext.worker import cpu_npu_graph
+from vllm_ascend_ext.worker.cpu_npu_graph import CpuGraph, GraphCaptureError
+
+NAME = "cpu-npu-stand-in"
+
+
+class Stream:
+    """A synchronous stream: everything issued on it has completed."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs) -> None:
+        self.device = torch.device("cpu")
+        self.priority = priority
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class Event:
+    """A synchronous event (torch.npu.Event's keywords; CUDA's ``blocking`` accepted)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False, **kwargs) -> None:
+        self.recorded = False
+
+    def record(self, stream=None) -> None:
+        self.recorded = True
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end) -> float:
+        return 0.0
+
+
+class ExternalEvent(Event):
+    """torch_npu's ``ExternalEvent`` (graph tasks wait on it); ``reset`` as well."""
+
+    def reset(self, stream=None) -> None:
+        self.recorded = False
+
+
+class Memory:
+    """The stand-in's memory model (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._base = self._rss()
+        self._peak = 0
+
+    def _rss(self) -> int:
+        return self._process.memory_info().rss
+
+    def allocated(self) -> int:
+        now = max(0, self._rss() - self._base)
+        self._peak = max(self._peak, now)
+        return now
+
+    def peak(self) -> int:
+        self.allocated()
+        return self._peak
+
+    def reset_peak(self) -> None:
+        self._peak = self.allocated()
+
+    def info(self) -> tuple[int, int]:
+        vm = psutil.virtual_memory()
+        return vm.available, vm.total
+
+    def stats(self) -> dict[str, int]:
+        now = self.allocated()
+        return {"allocated_bytes.all.current": now, "allocated_bytes.all.peak": self._peak,
+                "reserved_bytes.all.current": now, "reserved_bytes.all.peak": self._peak,
+                "num_alloc_retries": 0, "num_ooms": 0}
+
+
+def make_runtime() -> types.ModuleType:
+    """A fresh stand-in ``torch.npu`` (one per worker process)."""
+    rt = types.ModuleType("torch_npu_cpu_stand_in")
+    rt.__stand_in__ = NAME
+    memory = Memory()
+    default = Stream()
+    state = {"stream": default, "capturing": None, "update": None}
+
+    rt.Stream, rt.Event, rt.ExternalEvent, rt.memory_model = Stream, Event, ExternalEvent, memory
+    rt.device_count = lambda: 1
+    rt.current_device = lambda: 0
+    rt.set_device = lambda device: None
+    rt.synchronize = lambda device=None: None
+    rt.empty_cache = lambda: None
+    rt.is_available = lambda: True
+    rt.get_device_name = lambda device=None: "Ascend stand-in (CPU)"
+    rt.current_stream = lambda device=None: state["stream"]
+    rt.default_stream = lambda device=None: default
+
+    def set_stream(stream) -> None:
+        state["stream"] = stream if stream is not None else default
+
+    @contextlib.contextmanager
+    def stream(s):
+        previous = state["stream"]
+        set_stream(s if s is not None else previous)
+        try:
+            yield
+        finally:
+            set_stream(previous)
+
+    rt.set_stream, rt.stream = set_stream, stream
+
+    # graphs
+    def begin_capture(graph) -> None:
+        if state["capturing"] is not None:
+            raise GraphCaptureError("a graph is already being captured")
+        state["capturing"] = graph
+
+    def end_capture(graph) -> None:
+        state["capturing"] = None
+
+    rt._begin_capture, rt._end_capture = begin_capture, end_capture
+    rt.NPUGraph = lambda *args, **kwargs: CpuGraph(rt)
+    rt.graph_pool_handle = lambda: (0, 0)
+    rt.is_current_stream_capturing = lambda: state["capturing"] is not None
+
+    @contextlib.contextmanager
+    def graph(npu_graph, pool=None, stream=None, capture_error_mode: str = "global"):
+        with rt.stream(stream):
+            npu_graph.capture_begin(pool)
+            try:
+                yield npu_graph
+            finally:
+                npu_graph.capture_end()
+
+    rt.graph = graph
+
+    def graph_task_group_begin(stream) -> None:
+        if state["capturing"] is None:
+            raise GraphCaptureError("graph_task_group_begin outside a graph capture")
+        state["task"] = state["capturing"]._open_task()
+
+    def graph_task_group_end(stream):
+        state["capturing"]._close_task()
+        return state.pop("task")
+
+    def graph_task_update_begin(stream, handle) -> None:
+        if state["capturing"] is not None or state["update"] is not None:
+            raise GraphCaptureError("graph_task_update_begin inside a capture or an update")
+        recorder = cpu_npu_graph.record_update(handle)
+        recorder.__enter__()
+        state["update"] = (handle, recorder)
+
+    def graph_task_update_end(stream) -> None:
+        handle, recorder = state["update"]
+        state["update"] = None
+        recorder.__exit__(None, None, None)
+        cpu_npu_graph.finish_update(handle, recorder)
+
+    rt.graph_task_group_begin, rt.graph_task_group_end = (graph_task_group_begin,
+                                                          graph_task_group_end)
+    rt.graph_task_update_begin, rt.graph_task_update_end = (graph_task_update_begin,
+                                                            graph_task_update_end)
+
+    # memory (torch.npu's names)
+    rt.mem_get_info = lambda device=None: memory.info()
+    rt.memory_stats = lambda device=None: memory.stats()
+    rt.memory_allocated = lambda device=None: memory.allocated()
+    rt.memory_reserved = lambda device=None: memory.allocated()
+    rt.max_memory_allocated = lambda device=None: memory.peak()
+    rt.reset_peak_memory_stats = lambda device=None: memory.reset_peak()
+    return rt
+
+
+def is_stand_in(module) -> bool:
+    return getattr(module, "__stand_in__", None) == NAME
+
+
+# torch.accelerator name -> the runtime's function serving it.
+ACCELERATOR = {
+    "synchronize": "synchronize",
+    "empty_cache": "empty_cache",
+    "device_count": "device_count",
+    "current_device_index": "current_device",
+    "set_device_index": "set_device",
+    "memory_stats": "memory_stats",
+    "memory_allocated": "memory_allocated",
+    "memory_reserved": "memory_reserved",
+    "max_memory_allocated": "max_memory_allocated",
+    "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "get_memory_info": "mem_get_info",
+}
+
+
+def install(rt: types.ModuleType) -> dict:
+    """Route ``torch.accelerator``'s device functions and ``torch.Event`` to ``rt`` (the
+    emulated worker's process). Returns ``{name: what it replaced}``."""
+    replaced = {}
+    for name, target in ACCELERATOR.items():
+        replaced[f"accelerator.{name}"] = getattr(torch.accelerator, name, None)
+        # a distinct function per name: Dynamo keys handlers on the function object
+        fn = getattr(rt, target)
+        setattr(torch.accelerator, name, lambda *a, _fn=fn, **k: _fn(*a, **k))
+    replaced["Event"] = torch.Event
+    torch.Event = rt.Event
+    return replaced

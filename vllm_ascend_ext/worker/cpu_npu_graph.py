@@ -1,0 +1,219 @@
+"""Graphs with NPU semantics on the CPU stand-in device (``worker/cpu_npu.py``).
+
+An aclgraph (like a CUDA graph) records the kernels a capture launches, on the buffers
+they read and write, and replays them; host values (Python ints and lists passed to an
+operator, tensors made from them) are frozen at capture. The only way to change a
+captured operator's host arguments is torch_npu's graph-task update, which re-issues one
+task of the graph with new arguments (``attention/fia/graph_tasks.py``).
+
+``CpuGraph`` does the same at the dispatcher: capture records every operator call
+(``TorchDispatchMode``) with its argument tensors and its outputs; replay re-runs the
+calls in order on the same tensors, writing each functional call's result into the
+tensor it produced at capture. Tensors made from host values during capture are
+constants of the graph; buffers written outside the graph (the runner's inputs, the
+builders' persistent block tables) are read as they are at replay. A capture that reads
+a device value on the host (``.item()``, ``.tolist()``, ``bool(t)``, a data-dependent
+shape) raises, as a capturing NPU stream does. A group of calls bracketed by
+``graph_task_group_begin/end`` is a task: ``graph_task_update_begin(handle)`` ..
+``update_end`` replaces its calls with the ones issued in between.
+
+Compiled code must dispatch its operators for capture to see them: the emulated
+platform compiles with Dynamo's eager backend when it captures graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+aten = torch.ops.aten
+
+
+class GraphCaptureError(RuntimeError):
+    """An operation a captured graph cannot contain (a host read of device data)."""
+
+
+# Operators that read device data on the host (a sync on an NPU, refused in capture).
+HOST_READS = {
+    aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default,
+    aten.nonzero.default, aten.masked_select.default, aten._unique2.default,
+    aten.unique_consecutive.default, aten.unique_dim.default,
+}
+# Allocations without data: nothing to re-run.
+NO_DATA = {
+    aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
+    aten.new_empty.default, aten.new_empty_strided.default,
+}
+
+
+# vLLM's (and the plugin's) opaque Python custom ops: not kernels but Python that issues
+# kernels. Capture runs their Python with the recorder on, so the graph holds the
+# kernels they issue (on an NPU those are what the graph captures), never the op itself.
+PYTHON_OPS = {
+    "vllm::unified_attention_with_output":
+        "vllm.model_executor.layers.attention.attention:unified_attention_with_output",
+    "vllm::unified_kv_cache_update":
+        "vllm.model_executor.layers.attention.attention:unified_kv_cache_update",
+    "vllm::moe_forward": "vllm.model_executor.layers.fused_moe.runner.moe_runner:_moe_forward",
+    "vllm::moe_forward_shared":
+        "vllm.model_executor.layers.fused_moe.runner.moe_runner:_moe_forward_shared",
+    "ascend_ext::sfa_forward": "vllm_ascend_ext.attention.sfa.layer:run_sfa_forward",
+    "ascend_ext::gdn_forward": "vllm_ascend_ext.attention.gdn.layer:run_gdn_forward",
+}
+# Namespaces whose ops are Python custom ops (an unknown one is refused, not recorded).
+PYTHON_NAMESPACES = ("vllm", "ascend_ext")
+
+
+def python_op(func):
+    """The Python implementation of an opaque custom op, None for a kernel; raises for
+    an unknown op of a Python-op namespace."""
+    name = func._schema.name
+    if name.split("::")[0] not in PYTHON_NAMESPACES:
+        return None
+    target = PYTHON_OPS.get(name)
+    if target is None:
+        raise GraphCaptureError(
+            f"{name}: a Python custom op the CPU stand-in cannot capture through (add it to "
+            "worker/cpu_npu_graph.py PYTHON_OPS with its Python implementation)")
+    import importlib
+
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass
+class _Call:
+    func: Any
+    args: tuple
+    kwargs: dict
+    copy_into: list          # the capture's output tensors, refilled on replay (functional)
+
+
+@dataclass
+class TaskHandle:
+    """One updatable task of a graph (``graph_task_group_end``'s handle)."""
+    calls: list = field(default_factory=list)
+    updates: int = 0
+
+
+def _writes(func) -> bool:
+    """Whether the op mutates an argument (in place, ``out=``), from its schema."""
+    return any(a.alias_info is not None and a.alias_info.is_write
+               for a in func._schema.arguments)
+
+
+def _storages(tree) -> set:
+    flat, _ = tree_flatten(tree)
+    return {t.untyped_storage().data_ptr() for t in flat
+            if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+
+
+def _has_bool_index(func, args) -> bool:
+    if func is not aten.index.Tensor or len(args) < 2:
+        return False
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] or ())
+
+
+class _Recorder(TorchDispatchMode):
+    """Runs every call as usual and appends it to ``sink`` (a list)."""
+
+    def __init__(self, sink: list, what: str):
+        super().__init__()
+        self.sink = sink
+        self.what = what
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in HOST_READS or _has_bool_index(func, args):
+            raise GraphCaptureError(
+                f"{func} reads device data on the host during {self.what}; an NPU graph "
+                "cannot contain a host read (operation not permitted while the stream is "
+                "capturing)")
+        impl = python_op(func)
+        if impl is not None:
+            with self:   # the op's Python, its kernels recorded
+                return impl(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if func in NO_DATA:
+            return out
+        writes = _writes(func)
+        if not writes and _storages(out) & _storages((args, kwargs)):
+            # a view, or an op that returned its input (``to`` to the same dtype,
+            # weak_ref_tensor): aliases what the graph already has
+            return out
+        copy_into = [] if writes else [t for t in tree_flatten(out)[0]
+                                       if isinstance(t, torch.Tensor)]
+        self.sink.append(_Call(func, args, kwargs, copy_into))
+        return out
+
+
+class CpuGraph:
+    """``torch.npu.NPUGraph`` on the CPU stand-in (see module docstring)."""
+
+    def __init__(self, runtime, keep_graph: bool = False):
+        self._runtime = runtime
+        self._items: list = []          # _Call or TaskHandle, in issue order
+        self._recorder: _Recorder | None = None
+        self.replays = 0
+
+    # capture ---------------------------------------------------------------------------
+    def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
+        if self._recorder is not None:
+            raise GraphCaptureError("capture_begin on a graph already capturing")
+        self._items = []
+        self._recorder = _Recorder(self._items, "graph capture")
+        self._runtime._begin_capture(self)
+        self._recorder.__enter__()
+
+    def capture_end(self) -> None:
+        recorder, self._recorder = self._recorder, None
+        recorder.__exit__(None, None, None)
+        self._runtime._end_capture(self)
+
+    def _open_task(self) -> TaskHandle:
+        task = TaskHandle()
+        self._items.append(task)
+        self._recorder.sink = task.calls
+        return task
+
+    def _close_task(self) -> None:
+        self._recorder.sink = self._items
+
+    # replay ----------------------------------------------------------------------------
+    def replay(self) -> None:
+        if self._recorder is not None:
+            raise GraphCaptureError("replay of a graph still capturing")
+        for item in self._items:
+            for call in (item.calls if isinstance(item, TaskHandle) else (item,)):
+                result = call.func(*call.args, **call.kwargs)
+                if call.copy_into:
+                    fresh = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+                    for dst, src in zip(call.copy_into, fresh):
+                        dst.copy_(src)
+        self.replays += 1
+
+    def reset(self) -> None:
+        self._items = []
+
+    def pool(self):
+        return None
+
+    def num_calls(self) -> int:
+        return sum(len(i.calls) if isinstance(i, TaskHandle) else 1 for i in self._items)
+
+    def tasks(self) -> list[TaskHandle]:
+        return [i for i in self._items if isinstance(i, TaskHandle)]
+
+
+def record_update(task: TaskHandle) -> _Recorder:
+    """A recorder whose calls replace ``task``'s (entered by graph_task_update_begin)."""
+    return _Recorder([], "a graph-task update")
+
+
+def finish_update(task: TaskHandle, recorder: _Recorder) -> None:
+    task.calls = recorder.sink
+    task.updates += 1

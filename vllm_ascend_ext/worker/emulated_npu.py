@@ -1,0 +1,65 @@
+"""The emulated platform's engine path: the plugin's NPU worker and NPU model runner on the
+CPU stand-in of the NPU device runtime (``worker/cpu_npu.py``).
+
+These are the classes an Atlas host runs (``AscendNPUWorker`` and ``AscendNPUModelRunner``,
+vLLM's GPU worker and V1 GPU runner underneath); the subclasses change only what a CPU
+cannot be:
+
+* the device module is the stand-in, installed as this process's ``torch.accelerator``
+  device functions and ``torch.Event``, and the torch device is ``cpu``;
+* ``torch.ops._C.weak_ref_tensor`` (vLLM's graph capture; vLLM's CPU build has none) is
+  an alias of its input for the CPU: a captured graph keeps its outputs alive itself;
+* the runner's host copies of step results go through ``tolist`` (vLLM's CPU runner
+  does the same: a CPU build has no pinned memory to copy into).
+
+Everything else — input preparation, the metadata builders, graph capture and replay with
+the FIA graph-task update before each replay, the kernel substitutes, block zeroing —
+is the NPU path's own code.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.logger import init_logger
+
+from vllm_ascend_ext.worker import cpu_npu, npu_device
+from vllm_ascend_ext.worker.npu_model_runner import AscendNPUModelRunner
+from vllm_ascend_ext.worker.npu_worker import AscendNPUWorker
+
+logger = init_logger("vllm.ascend_ext")
+
+
+def stand_in_runtime():
+    """A CPU stand-in of torch.npu, installed as this process's accelerator."""
+    runtime = cpu_npu.make_runtime()
+    cpu_npu.install(runtime)
+    return runtime
+
+
+def _cpu_weak_ref(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(tensor.shape)
+
+
+class EmulatedNPUModelRunner(AscendNPUModelRunner):
+    """The NPU model runner on the CPU stand-in (see module docstring)."""
+
+    def _to_list(self, sampled_token_ids: torch.Tensor) -> list[list[int]]:
+        return sampled_token_ids.tolist()
+
+
+class EmulatedNPUWorker(AscendNPUWorker):
+    """The NPU worker on the CPU stand-in (see module docstring)."""
+
+    device_module_factory = staticmethod(stand_in_runtime)
+
+    def device_for(self, index: int) -> torch.device:
+        return torch.device("cpu")
+
+    def provide_weak_ref_tensor(self) -> None:
+        npu_device.provide_weak_ref_tensor(_cpu_weak_ref, dispatch_key="CPU")
+
+    def _make_model_runner(self):
+        logger.info_once("ascend_ext: emulated engine path: worker %s, runner %s, device "
+                         "runtime %s", type(self).__name__, EmulatedNPUModelRunner.__name__,
+                         cpu_npu.NAME)
+        return EmulatedNPUModelRunner(self.vllm_config, self.device)
