@@ -36,11 +36,31 @@ def run_script(script: str, *args: str, emulate: bool, timeout: int = 600, **env
     )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            result = json.loads(line[len("RESULT "):])
+            if emulate:
+                assert_npu_engine_path(result, env)
+            return result
     raise AssertionError(
         f"{script} {' '.join(args)} produced no RESULT (rc={proc.returncode}):\n"
         f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     )
+
+
+# What every emulated engine runs unless a test asks for vLLM's CPU worker
+# (ASCEND_EXT_EMULATED_WORKER=cpu): the plugin's NPU worker and runner on the stand-in.
+NPU_ENGINE_PATH = {"worker": "EmulatedNPUWorker", "runner": "EmulatedNPUModelRunner",
+                   "runtime": "cpu-npu-stand-in"}
+
+
+def assert_npu_engine_path(result: dict, env: dict) -> None:
+    """Asserted, not assumed: an emulated run reports the NPU engine path it ran."""
+    if "engine" not in result and "platform" in result and "tokens" not in result:
+        return   # a configuration check that starts no engine (check_config_errors.py)
+    engine = result.get("engine")
+    assert engine is not None, "the script's RESULT does not say which engine path ran"
+    if env.get("ASCEND_EXT_EMULATED_WORKER", "npu") == "npu":
+        ran = {k: engine.get(k) for k in NPU_ENGINE_PATH}
+        assert ran == NPU_ENGINE_PATH, f"emulated run did not take the NPU engine path: {engine}"
 
 
 def stock_env() -> dict[str, str]:

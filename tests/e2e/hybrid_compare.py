@@ -309,6 +309,7 @@ def main() -> None:
 
 def compare(path: str, args) -> dict:
     from dense_qwen3_next import DenseQwen3Next
+    from engine_info import engine_info
 
     with open(os.path.join(path, "config.json")) as f:
         config = json.load(f)
@@ -329,6 +330,7 @@ def compare(path: str, args) -> dict:
               "routed": config.get("num_experts", 0) > top_k,
               "attention_kernel_block": attn_block,
               "runner": type(model_runner(llm)).__name__,
+              "engine": engine_info(llm),
               "config": {k: config[k] for k in CONFIG_SHOWN if k in config}, "prompts": []}
     for prompt, toks, lp in zip(prompts, tokens, lps):
         entry = {"len": len(prompt), "tokens": toks, "logprobs": lp}

@@ -201,6 +201,9 @@ def main() -> None:
         "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
                      for o in outs],
     }
+    from engine_info import engine_info
+
+    result["engine"] = engine_info(llm)
     if counter is not None:
         result["steps"] = [{"kind": s.kind, "ops": dict(s.ops), "views": s.views}
                            for s in counter.steps]

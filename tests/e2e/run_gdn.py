@@ -162,6 +162,9 @@ def main() -> None:
         "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
                      for o in outs],
     }
+    from engine_info import engine_info
+
+    result["engine"] = engine_info(llm)
     if counter is not None:
         result["steps"] = [{"kind": s.kind, "in_layers": dict(s.in_layers),
                             "syncs_in_layers": sum(s.in_layers.get(n, 0) for n in SYNC_OPS)}

@@ -56,10 +56,13 @@ def main() -> None:
                     for g in runner._attn_group_iterator() for b in g.metadata_builders]
         moe = sorted({type(m.quant_method).__name__ for m in runner.model.modules()
                       if "MoE" in type(getattr(m, "quant_method", None)).__name__})
+        from engine_info import engine_info
+
+        engine = engine_info(llm)
         moe_layers = sum(1 for m in runner.model.modules()
                          if "MoE" in type(getattr(m, "quant_method", None)).__name__)
     print("RESULT " + json.dumps({"builders": builders, "moe_methods": moe,
-                                  "moe_layers": moe_layers}))
+                                  "moe_layers": moe_layers, "engine": engine}))
 
 
 if __name__ == "__main__":

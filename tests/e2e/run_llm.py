@@ -134,6 +134,9 @@ def main() -> None:
         "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
                      for o in outs],
     }
+    from engine_info import engine_info
+
+    result["engine"] = engine_info(llm)
     from vllm_ascend_ext.contract import mode
 
     if mode.enabled():  # this process ran every NPU call (uni executor)

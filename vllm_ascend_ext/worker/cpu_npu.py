@@ -12,9 +12,9 @@ else of the NPU path changes. What it models:
   capture records the dispatched operator calls on their buffers, replay re-issues
   them with host values frozen at capture, and the graph-task API
   (``graph_task_group_begin/end``, ``graph_task_update_begin/end``) updates one task.
-* **memory**: the device's memory is this host's: total and free from the OS, the
-  runtime's "allocated/reserved" bytes the process's resident growth since the device
-  was brought up, its peak the largest value seen since the last reset. It feeds the
+* **memory**: a device as large as the host memory available when it was brought up
+  (empty then, as a fresh NPU is); "allocated/reserved" is the process's resident growth
+  since then, free the rest, the peak the largest value seen since the last reset. It feeds the
   worker's memory snapshot and ``torch.accelerator``'s statistics; the emulated KV
   budget itself is chosen before the engine starts (``platform/kv_budget.py``).
 
@@ -98,6 +98,7 @@ class Memory:
     def __init__(self) -> None:
         self._process = psutil.Process()
         self._base = self._rss()
+        self._total = psutil.virtual_memory().available
         self._peak = 0
 
     def _rss(self) -> int:
@@ -116,8 +117,7 @@ class Memory:
         self._peak = self.allocated()
 
     def info(self) -> tuple[int, int]:
-        vm = psutil.virtual_memory()
-        return vm.available, vm.total
+        return max(0, self._total - self.allocated()), self._total
 
     def stats(self) -> dict[str, int]:
         now = self.allocated()

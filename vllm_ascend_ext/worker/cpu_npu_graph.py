@@ -12,8 +12,9 @@ calls in order on the same tensors, writing each functional call's result into t
 tensor it produced at capture. Tensors made from host values during capture are
 constants of the graph; buffers written outside the graph (the runner's inputs, the
 builders' persistent block tables) are read as they are at replay. A capture that reads
-a device value on the host (``.item()``, ``.tolist()``, ``bool(t)``, a data-dependent
-shape) raises, as a capturing NPU stream does. A group of calls bracketed by
+a device value on the host (``.item()``, ``bool(t)``, a data-dependent shape) raises, as
+a capturing NPU stream does; ``.tolist()``, ``.cpu()`` and ``.numpy()`` of a CPU tensor
+never reach the dispatcher, so those stay invisible here. A group of calls bracketed by
 ``graph_task_group_begin/end`` is a task: ``graph_task_update_begin(handle)`` ..
 ``update_end`` replaces its calls with the ones issued in between.
 
@@ -29,6 +30,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from vllm_ascend_ext.ops.counting import TRANSPARENT_OPS
 
 aten = torch.ops.aten
 
@@ -61,8 +64,8 @@ PYTHON_OPS = {
     "vllm::moe_forward": "vllm.model_executor.layers.fused_moe.runner.moe_runner:_moe_forward",
     "vllm::moe_forward_shared":
         "vllm.model_executor.layers.fused_moe.runner.moe_runner:_moe_forward_shared",
-    "ascend_ext::sfa_forward": "vllm_ascend_ext.attention.sfa.layer:run_sfa_forward",
-    "ascend_ext::gdn_forward": "vllm_ascend_ext.attention.gdn.layer:run_gdn_forward",
+    # the plugin's own wrappers (the op counter looks through the same ones)
+    **{name.replace(".", "::"): body for name, body in TRANSPARENT_OPS.items()},
 }
 # Namespaces whose ops are Python custom ops (an unknown one is refused, not recorded).
 PYTHON_NAMESPACES = ("vllm", "ascend_ext")

@@ -107,8 +107,10 @@ class FiaGraphTasks:
         with self.device.stream(stream):
             for task in tasks:
                 self.device.graph_task_update_begin(stream, task.handle)
-                self.fia_out(*task.args, **task.kwargs, **host_lists)
-                self.device.graph_task_update_end(stream)
+                try:
+                    self.fia_out(*task.args, **task.kwargs, **host_lists)
+                finally:   # a refused call never leaves the stream in update mode
+                    self.device.graph_task_update_end(stream)
                 task.event.record(stream)
         return len(tasks)
 

@@ -1,0 +1,27 @@
+"""What an engine ran: its worker, model runner, device runtime and decode graphs.
+
+Every emulated e2e script reports this in its RESULT line (``"engine"``), and
+``conftest.run_script`` asserts that an emulated run took the NPU engine path (the
+plugin's NPU worker and runner on the CPU stand-in), not vLLM's CPU worker.
+"""
+
+from __future__ import annotations
+
+
+def engine_info(llm) -> dict:
+    worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+    runner = worker.model_runner
+    from vllm_ascend_ext.worker import npu_device
+
+    runtime = npu_device.current_runtime()
+    entries = getattr(runner.model, "concrete_cudagraph_entries", {}) or {}
+    graphs = [e.cudagraph for e in entries.values() if e.cudagraph is not None]
+    comp = llm.llm_engine.vllm_config.compilation_config
+    return {"worker": type(worker).__name__, "runner": type(runner).__name__,
+            "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
+            "graph_wrapper": type(runner.model).__name__,
+            "cudagraph_mode": comp.cudagraph_mode.name,
+            "graphs_captured": len(graphs),
+            "graph_replays": sum(getattr(g, "replays", 0) for g in graphs),
+            "fia_task_updates": sum(t.updates for g in graphs
+                                    for t in (g.tasks() if hasattr(g, "tasks") else ()))}

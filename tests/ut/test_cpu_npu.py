@@ -1,0 +1,193 @@
+"""The CPU stand-in of the NPU runtime (worker/cpu_npu.py, worker/cpu_npu_graph.py).
+
+Graphs are held to NPU semantics: a replay re-reads the buffers written outside the graph,
+keeps host values frozen at capture, refuses host reads during capture, and changes a
+captured FIA call's host lists only through a graph-task update. The FIA tests capture the
+plugin's own attention impl and builder through the stand-in and compare replays with
+dense attention (tests/ut/dense.py) over each step's own lengths.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vllm.config import CUDAGraphMode
+from vllm.forward_context import set_forward_context
+
+from tests.ut.test_fia_graph_tasks import (
+    CAPTURED,
+    KEY,
+    NB,
+    NEXT,
+    NKV,
+    NQ,
+    TABLE_A,
+    TABLE_B,
+    D,
+    _builder,
+    _cam,
+    _padded_cam,
+    _step,
+    _wrapper_config,
+)
+from vllm_ascend_ext.attention.fia.graph_tasks import FiaGraphTasks, update_before_replay
+from vllm_ascend_ext.attention.fia.impl import AscendFIAImpl
+from vllm_ascend_ext.ops import fia
+from vllm_ascend_ext.ops.fia_checks import FIAArgumentError
+from vllm_ascend_ext.worker import cpu_npu
+from vllm_ascend_ext.worker.cpu_npu_graph import GraphCaptureError
+from vllm_ascend_ext.worker.npu_warmup import warmup_sizes
+
+
+@pytest.fixture
+def rt():
+    return cpu_npu.make_runtime()
+
+
+def test_replay_rereads_buffers_and_keeps_host_values_of_the_capture(rt):
+    x = torch.tensor([1.0, 2.0, 3.0])           # a buffer written outside the graph
+    out = torch.zeros(3)
+    g = rt.NPUGraph()
+    n = 10                                       # a host value at capture
+    with rt.graph(g):
+        assert rt.is_current_stream_capturing()
+        y = (x * 2).to(torch.float64)            # functional ops; to() that copies
+        z = y.view(3) + torch.tensor([float(n)], dtype=torch.float64)
+        out.copy_(z)                             # an in-place write
+        ids = x.long()
+        emb = torch.nn.functional.embedding(ids, torch.arange(20.0).view(10, 2))
+    assert not rt.is_current_stream_capturing()
+    x.copy_(torch.tensor([4.0, 5.0, 6.0]))
+    n = 1000                                     # noqa: F841 - not seen by the replay
+    g.replay()
+    assert out.tolist() == [18.0, 20.0, 22.0]    # 2x + 10: the capture's host value
+    assert emb.tolist() == [[8.0, 9.0], [10.0, 11.0], [12.0, 13.0]]
+    assert g.replays == 1
+
+
+@pytest.mark.parametrize("read", [
+    lambda t: t.sum().item(),
+    lambda t: bool(t[0] > 0),
+    lambda t: t[t > 1.5],                        # a data-dependent shape
+])
+def test_a_host_read_during_capture_is_refused(rt, read):
+    # (``.tolist()`` / ``.cpu()`` / ``.numpy()`` of a CPU tensor never reach the
+    # dispatcher: the stand-in cannot see those; README says so.)
+    x = torch.tensor([1.0, 2.0])
+    with pytest.raises(GraphCaptureError, match="host"):
+        with rt.graph(rt.NPUGraph()):
+            read(x * 1)
+    assert not rt.is_current_stream_capturing()
+
+
+def test_an_unknown_python_custom_op_is_refused_not_recorded(rt):
+    lib = torch.library.Library("vllm", "FRAGMENT")
+    lib.define("ascend_ext_test_unknown(Tensor x) -> Tensor")
+    lib.impl("ascend_ext_test_unknown", lambda x: x * 2, "CPU")
+    with pytest.raises(GraphCaptureError, match="ascend_ext_test_unknown"):
+        with rt.graph(rt.NPUGraph()):
+            torch.ops.vllm.ascend_ext_test_unknown(torch.ones(2))
+
+
+def test_a_task_update_replaces_only_that_tasks_calls(rt):
+    x = torch.ones(3)
+    out_a, out_b = torch.zeros(3), torch.zeros(3)
+    g = rt.NPUGraph()
+    with rt.graph(g):
+        rt.graph_task_group_begin(rt.current_stream())
+        out_a.copy_(x * 2)
+        handle = rt.graph_task_group_end(rt.current_stream())
+        out_b.copy_(x * 3)
+    rt.graph_task_update_begin(rt.current_stream(), handle)
+    out_a.copy_(x * 7)                           # re-issued with a new host value
+    rt.graph_task_update_end(rt.current_stream())
+    x.fill_(2.0)
+    g.replay()
+    assert out_a.tolist() == [14.0] * 3 and out_b.tolist() == [6.0] * 3
+    assert handle.updates == 1 and len(g.tasks()) == 1
+
+
+# -- FIA decode graphs through the stand-in ---------------------------------------------------
+
+def _capture_fia(rt, n_layers=2):
+    tasks = FiaGraphTasks(rt, fia.npu_fused_infer_attention_score_out, fia.fia_max_workspace)
+    builder = _builder(tasks)
+    kv_cache = torch.zeros(NB, NKV, 16, 2 * D)
+    q, k, v, _ = _step(CAPTURED, TABLE_A, kv_cache, seed=0)
+    md = builder.build(0, _cam(CAPTURED, TABLE_A))
+    layers = [AscendFIAImpl(NQ, D, D**-0.5, NKV) for _ in range(n_layers)]
+    outs = [torch.zeros_like(q) for _ in layers]
+    g = rt.NPUGraph()
+    with set_forward_context({"layer.0": md}, _wrapper_config(),
+                             cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=KEY):
+        with rt.graph(g):
+            for layer, out in zip(layers, outs):
+                layer.forward(None, q, k, v, kv_cache, md, out)
+    return g, tasks, builder, (q, k, v), kv_cache, outs
+
+
+def _load_next(builder, static, kv_cache, lens=NEXT, padded=None):
+    q, k, v, expected = _step(lens, TABLE_B, kv_cache, seed=1)
+    for buf, new in zip(static, (q, k, v)):
+        buf.zero_()
+        buf[:len(lens)].copy_(new)
+    cam = _cam(lens, TABLE_B) if padded is None else _padded_cam(lens, TABLE_B, padded)
+    return builder.build(0, cam), expected
+
+
+def test_a_replayed_fia_graph_computes_the_updated_steps_attention(rt):
+    g, tasks, builder, static, kv_cache, outs = _capture_fia(rt)
+    assert len(g.tasks()) == 2                   # one FIA task per layer
+    md, expected = _load_next(builder, static, kv_cache)
+    assert update_before_replay({"layer.0": md}, KEY) == 2
+    g.replay()
+    for out in outs:
+        torch.testing.assert_close(out.view(len(NEXT), NQ, D), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_negative_control_without_the_update_a_replay_keeps_the_captured_lengths(rt):
+    g, _, builder, static, kv_cache, outs = _capture_fia(rt, n_layers=1)
+    _, expected = _load_next(builder, static, kv_cache)
+    g.replay()
+    assert not torch.allclose(outs[0].view(len(NEXT), NQ, D), expected, atol=1e-3)
+
+
+def test_a_padded_batch_replays_right_and_unpadded_lists_break_the_tnd_rule(rt):
+    g, tasks, builder, static, kv_cache, outs = _capture_fia(rt, n_layers=1)
+    md, expected = _load_next(builder, static, kv_cache, lens=NEXT[:2], padded=3)
+    update_before_replay({"layer.0": md}, KEY)
+    g.replay()
+    torch.testing.assert_close(outs[0].view(3, NQ, D)[:2], expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(FIAArgumentError, match="must equal the packed token count 3"):
+        tasks.update(KEY, {"actual_seq_lengths": md.actual_seq_lengths_q,
+                           "actual_seq_lengths_kv": md.actual_seq_lengths_kv})
+
+
+# -- the process-level routing and the warm-up sizes ------------------------------------------
+
+def test_install_routes_the_accelerator_and_event_to_the_stand_in(rt, monkeypatch):
+    for name in cpu_npu.ACCELERATOR:
+        monkeypatch.setattr(torch.accelerator, name, getattr(torch.accelerator, name))
+    monkeypatch.setattr(torch, "Event", torch.Event)
+    cpu_npu.install(rt)
+    event = torch.Event()
+    event.record()
+    event.synchronize()                          # a CPU build's torch.Event cannot record
+    stats = torch.accelerator.memory_stats(torch.device("cpu"))
+    assert stats["allocated_bytes.all.peak"] >= stats["allocated_bytes.all.current"] >= 0
+    free, total = torch.accelerator.get_memory_info(torch.device("cpu"))
+    assert 0 < free <= total
+    big = torch.ones(64 << 20, dtype=torch.uint8)     # 64 MiB, touched
+    assert torch.accelerator.max_memory_allocated() >= 32 << 20
+    del big
+
+
+@pytest.mark.parametrize("compile_sizes,capture,ranges,compiled,graphs,expected", [
+    ([], [1, 2, 4], [(1, 2048)], True, True, []),        # a captured size lies in the range
+    ([], [], [(1, 2048)], True, False, [2048]),           # eager: the range's end
+    ([8, 4], [1, 2, 4], [(1, 8), (9, 64)], True, True, [64, 8]),
+    ([8], [1], [(1, 64)], False, True, []),               # nothing compiled
+])
+def test_warmup_sizes(compile_sizes, capture, ranges, compiled, graphs, expected):
+    assert warmup_sizes(compile_sizes, capture, ranges, compiled=compiled,
+                        graphs=graphs) == expected
