@@ -1,6 +1,7 @@
 """Run the embedded tiny model offline and print one JSON line of results.
 
     python tests/e2e/run_llm.py [--corrupt-block-table] [--max-tokens N] [--enforce-eager]
+                                [--skip-graph-update]
 
 The platform is whatever vLLM selects in this process (set ASCEND_EXT_EMULATE=1
 for the plugin). Used by the e2e tests, in a subprocess per platform, because
@@ -42,6 +43,14 @@ def corrupt_block_table() -> None:
     fia_builder.AscendFIAMetadataBuilder.build = build
 
 
+def skip_graph_update() -> None:
+    """Negative control: decode graphs replay without the FIA graph-task update (each FIA
+    task keeps the host lists of its capture step)."""
+    from vllm_ascend_ext.worker import npu_graph
+
+    npu_graph.update_before_replay = lambda attn_metadata, key: 0
+
+
 def corrupt_moe_routing() -> None:
     """Negative control: MoE routing weights left unnormalised (norm_topk_prob ignored)."""
     import dataclasses
@@ -81,11 +90,14 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--model", choices=("qwen3", "qwen_moe"), default="qwen3")
     ap.add_argument("--corrupt-moe-routing", action="store_true")
+    ap.add_argument("--skip-graph-update", action="store_true")
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
     if args.corrupt_moe_routing:
         corrupt_moe_routing()
+    if args.skip_graph_update:
+        skip_graph_update()
 
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform

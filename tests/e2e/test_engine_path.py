@@ -1,0 +1,51 @@
+"""The Atlas engine path in emulation: the plugin's NPU worker and NPU model runner on the
+CPU stand-in of the NPU runtime, with decode graphs (FULL_DECODE_ONLY) as on an NPU.
+
+Every emulated run of the suite is asserted to take this path (conftest.run_script);
+here: decode graphs are captured and replayed with FIA's graph-task update before each
+replay and give eager mode's tokens and logprobs; without the update (negative control)
+replays attend over the capture step's lengths and the result changes; vLLM's CPU worker
+(``ASCEND_EXT_EMULATED_WORKER=cpu``, the path before the stand-in) gives the same result.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+CHUNKED = ("--max-num-batched-tokens", "16")
+
+
+def _max_logprob_diff(a, b):
+    return max(abs(x - y) for ra, rb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(ra, rb))
+
+
+def test_decode_graphs_replay_with_fia_updates_and_equal_eager_mode(runs):
+    graphs = runs(*CHUNKED, emulate=True)
+    eager = runs(*CHUNKED, "--enforce-eager", emulate=True)
+    engine = graphs["engine"]
+    assert engine["cudagraph_mode"] == "FULL_DECODE_ONLY"
+    assert engine["graph_wrapper"] == "AscendNPUGraphWrapper"
+    assert engine["graphs_captured"] > 0 and engine["graph_replays"] > 0
+    # two FIA layers: every replay updated both layers' tasks
+    assert engine["fia_task_updates"] == 2 * engine["graph_replays"]
+    assert eager["engine"]["cudagraph_mode"] == "NONE"
+    assert eager["engine"]["graph_replays"] == 0
+    assert graphs["tokens"] == eager["tokens"]
+    assert _max_logprob_diff(graphs, eager) < 1e-4
+
+
+def test_negative_control_replays_without_the_fia_update_change_the_result(runs):
+    eager = runs(*CHUNKED, "--enforce-eager", emulate=True)
+    stale = runs(*CHUNKED, "--skip-graph-update", emulate=True)
+    assert stale["engine"]["graph_replays"] > 0 and stale["engine"]["fia_task_updates"] == 0
+    assert stale["tokens"] != eager["tokens"] or _max_logprob_diff(stale, eager) > 0.1
+
+
+def test_vllms_cpu_worker_and_the_npu_engine_path_agree(runs):
+    npu = runs(*CHUNKED, "--enforce-eager", emulate=True)
+    cpu = runs(*CHUNKED, "--enforce-eager", emulate=True, ASCEND_EXT_EMULATED_WORKER="cpu")
+    assert cpu["engine"]["worker"] == "EmulatedAscendWorker"
+    assert npu["tokens"] == cpu["tokens"]
+    assert _max_logprob_diff(npu, cpu) < 1e-5
