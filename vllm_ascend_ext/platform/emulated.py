@@ -1,10 +1,13 @@
 """The emulated Ascend platform: real vLLM on the CPU, NPU operators by reference.
 
-A true vLLM platform (a ``CpuPlatform`` subclass keeping ``PlatformEnum.CPU``, so
-vLLM's scheduler, KV-cache manager and sampler run unchanged, and its CPU worker with
-only an orderly stop added, ``worker/emulated.py``); the attention backends are the
-plugin's, calling the reference operators. With no KV-cache size given it picks one
-that fits (``platform/kv_budget.py``) instead of vLLM's CPU default of 92% of RAM.
+A true vLLM platform (a ``CpuPlatform`` subclass keeping ``PlatformEnum.CPU``, so vLLM's
+scheduler, KV-cache manager and sampler run unchanged). Its engine runs the Atlas path: the
+plugin's NPU worker and NPU model runner on a CPU stand-in of the NPU device runtime
+(``worker/emulated_npu.py``, ``worker/cpu_npu.py``), with decode graphs where the NPU
+platform captures them (``platform/graph_mode.py``); ``ASCEND_EXT_EMULATED_WORKER=cpu``
+takes vLLM's CPU worker instead (``worker/emulated.py``). The attention backends are the
+plugin's, calling the reference operators. With no KV-cache size given it picks one that
+fits (``platform/kv_budget.py``) instead of vLLM's CPU default of 92% of RAM.
 """
 
 from __future__ import annotations
