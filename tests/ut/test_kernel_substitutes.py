@@ -37,15 +37,23 @@ def test_every_kernel_vllm_overrides_is_substituted_or_named_unreachable(monkeyp
     assert not stale, stale
 
 
-def test_speculation_is_refused_on_the_npu_while_its_kernels_are_unsubstituted():
+def test_the_npu_serves_ngram_speculation_and_refuses_drafter_methods():
     from types import SimpleNamespace
 
     from vllm_ascend_ext.errors import AscendExtError
-    from vllm_ascend_ext.platform.npu import refuse_speculation_without_substitutes
+    from vllm_ascend_ext.platform.npu import (
+        exact_host_lists_with_speculation,
+        refuse_speculation_without_substitutes,
+    )
 
     refuse_speculation_without_substitutes(None)
-    with pytest.raises(AscendExtError, match="method 'ngram'.*no NPU substitute"):
-        refuse_speculation_without_substitutes(SimpleNamespace(method="ngram"))
+    refuse_speculation_without_substitutes(SimpleNamespace(method="ngram"))
+    with pytest.raises(AscendExtError, match="method 'eagle'.*no NPU substitute"):
+        refuse_speculation_without_substitutes(SimpleNamespace(method="eagle"))
+    config = SimpleNamespace(speculative_config=SimpleNamespace(method="ngram"),
+                             scheduler_config=SimpleNamespace(async_scheduling=True))
+    exact_host_lists_with_speculation(config)
+    assert config.scheduler_config.async_scheduling is False
 
 
 def _loop(num_tokens, max_tokens, qsl, positions, table, bs, world, rank, inter, pad=-1):

@@ -46,17 +46,35 @@ GRAPH_WRAPPER_CLS = "vllm_ascend_ext.worker.npu_graph.AscendNPUGraphWrapper"
 SPAWN_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
+SPECULATION_SERVED = ("ngram",)
+
+
 def refuse_speculation_without_substitutes(spec) -> None:
-    """Speculative decoding on the NPU launches vLLM's rejection-sampler (and drafter)
-    Triton kernels, which have no NPU substitute yet (``worker/kernel_substitutes.py``):
-    refused before the engine starts instead of failing on the first speculative step."""
+    """Speculative decoding on the NPU: ngram, whose proposer runs on the host and whose
+    rejection sampler runs on the plugin's kernel substitutes
+    (``worker/kernel_substitutes.py``). Drafter-based methods (EAGLE, MTP, DFlash, a draft
+    model) launch vLLM's drafter Triton kernels, which have no NPU substitute yet: refused
+    before the engine starts instead of failing on the first speculative step."""
     if spec is None:
         return
     method = getattr(spec, "method", None) or "speculative decoding"
+    if method in SPECULATION_SERVED:
+        return
     raise AscendExtError(
         f"--speculative-config (method {method!r}): on the Ascend NPU platform vLLM's "
-        "rejection sampler and drafter kernels are Triton kernels with no NPU substitute "
-        "yet; serve without speculative decoding (emulation runs ngram speculation)")
+        "drafter kernels for this method are Triton kernels with no NPU substitute yet; "
+        f"serve with method {' or '.join(map(repr, SPECULATION_SERVED))} or without "
+        "speculative decoding")
+
+
+def exact_host_lists_with_speculation(vllm_config) -> None:
+    """Under async scheduling with speculation vLLM's ``seq_lens_cpu_upper_bound`` is only
+    a bound, and FIA's host lists must be exact: async scheduling goes off."""
+    sched = vllm_config.scheduler_config
+    if vllm_config.speculative_config is not None and sched.async_scheduling:
+        sched.async_scheduling = False
+        logger.info("ascend_ext: async scheduling off with speculative decoding (FIA takes "
+                    "exact per-request lengths from the host)")
 
 
 def use_spawn() -> None:
@@ -219,9 +237,8 @@ class AscendNPUPlatform(Platform):
             sfa_block_size(cache)
         elif not cache.user_specified_block_size:
             cache.block_size = 128
-        # (With speculation back, async scheduling must go off with it: under it
-        # seq_lens_cpu_upper_bound is only a bound, and FIA's host lists must be exact.)
         refuse_speculation_without_substitutes(vllm_config.speculative_config)
+        exact_host_lists_with_speculation(vllm_config)
         preflight(PLATFORM_NAME, soc, vllm_config)
 
     @classmethod

@@ -48,22 +48,140 @@ def compute_slot_mapping(num_tokens: int, max_num_tokens: int, query_start_loc: 
     slot_mapping[num_tokens:max_num_tokens] = PAD_ID
 
 
-SUBSTITUTES = {SLOT_MAPPING: compute_slot_mapping}
+# -- the rejection sampler's kernels (speculative decoding) ---------------------------------
+# Each request ``r`` owns draft tokens ``[cu[r-1], cu[r])``; its output row is
+# ``max_spec_len + 1`` wide. Vectorised over tokens, without host reads.
+
+def _token_requests(cu: torch.Tensor, num_tokens: int):
+    """(request of each token, its position in the request, each request's start)."""
+    cu = cu.to(torch.int64)
+    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
+    tokens = torch.arange(num_tokens, device=cu.device, dtype=torch.int64)
+    req = torch.searchsorted(cu, tokens, right=True).clamp_(max=max(cu.numel() - 1, 0))
+    return req, tokens - starts[req], starts
+
+
+def _write_until_rejected(output, cu, tokens, accepted, rows, bonus, max_spec_len):
+    """The kernels' common tail: per request (``rows`` only), write ``tokens`` from the
+    first draft position through the first rejected one; if none was rejected, the bonus
+    token after the last draft."""
+    n = accepted.numel()
+    req, pos, _ = _token_requests(cu, n)
+    rejected = (~accepted).to(torch.int64)
+    before = torch.cat([rejected.new_zeros(1), rejected.cumsum(0)])   # rejections before t
+    base = before[torch.cat([cu.new_zeros(1), cu[:-1]]).to(torch.int64)]
+    write = (before[:n] - base[req] == 0) & rows[req]
+    flat = output.view(-1)
+    width = max_spec_len + 1
+    index = req * width + pos
+    flat[index] = torch.where(write, tokens.to(output.dtype), flat[index])
+    count = cu.to(torch.int64) - torch.cat([cu.new_zeros(1), cu[:-1]]).to(torch.int64)
+    none_rejected = torch.zeros(cu.numel(), dtype=torch.int64, device=cu.device)
+    none_rejected.index_add_(0, req, rejected)
+    last = torch.arange(cu.numel(), device=cu.device) * width + count
+    flat[last] = torch.where((none_rejected == 0) & rows, bonus.view(-1).to(output.dtype),
+                             flat[last])
+
+
+def rejection_greedy_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids,
+                            target_argmax, bonus_token_ids, is_greedy, max_spec_len,
+                            uniform_probs=None, synthetic_conditional_rates=None,
+                            SYNTHETIC_MODE=False) -> None:  # noqa: N803
+    """``rejection_sampler.rejection_greedy_sample_kernel`` (greedy requests only): the
+    target's argmax at each position through the first draft that differs from it
+    (synthetic mode: accepted when ``uniform < rate[pos]`` and the draft is not -1)."""
+    cu = cu_num_draft_tokens
+    draft, target = draft_token_ids.to(torch.int64), target_argmax.to(torch.int64)
+    if SYNTHETIC_MODE:
+        _, pos, _ = _token_requests(cu, draft.numel())
+        accepted = (uniform_probs < synthetic_conditional_rates[pos]) & (draft >= 0)
+        tokens = torch.where(accepted, draft, target)
+    else:
+        accepted, tokens = draft == target, target
+    rows = (torch.ones(cu.numel(), dtype=torch.bool, device=cu.device) if is_greedy is None
+            else is_greedy.to(torch.bool))
+    _write_until_rejected(output_token_ids, cu, tokens, accepted, rows, bonus_token_ids,
+                          max_spec_len)
+
+
+def rejection_random_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids,
+                            draft_probs, target_probs, bonus_token_ids, recovered_token_ids,
+                            uniform_probs, is_greedy, max_spec_len, vocab_size,
+                            synthetic_conditional_rates=None, NO_DRAFT_PROBS=False,  # noqa: N803
+                            SYNTHETIC_MODE=False) -> None:  # noqa: N803
+    """``rejection_sampler.rejection_random_sample_kernel`` (non-greedy requests only): a
+    draft is accepted when ``target_p / draft_p >= uniform`` (draft_p 1 without draft
+    probabilities, never when draft_p is 0 or the draft is -1); the first rejected
+    position takes the recovered token."""
+    cu = cu_num_draft_tokens
+    draft = draft_token_ids.to(torch.int64)
+    n = draft.numel()
+    _, pos, _ = _token_requests(cu, n)
+    valid = draft >= 0
+    if SYNTHETIC_MODE:
+        accepted = valid & (uniform_probs < synthetic_conditional_rates[pos])
+    else:
+        rows_t = torch.arange(n, device=draft.device)
+        col = draft.clamp(min=0)
+        target_p = target_probs[rows_t, col].to(torch.float64)
+        draft_p = (torch.ones_like(target_p) if NO_DRAFT_PROBS
+                   else draft_probs[rows_t, col].to(torch.float64))
+        ratio = target_p / torch.where(draft_p > 0, draft_p, torch.ones_like(draft_p))
+        accepted = valid & (draft_p > 0) & (ratio >= uniform_probs.to(torch.float64))
+    tokens = torch.where(accepted, draft, recovered_token_ids.to(torch.int64))
+    _write_until_rejected(output_token_ids, cu, tokens, accepted, ~is_greedy.to(torch.bool),
+                          bonus_token_ids, max_spec_len)
+
+
+def expand(output, input, cu_num_tokens, replace_from, replace_to,  # noqa: A002
+           MAX_NUM_TOKENS=None) -> None:  # noqa: N803
+    """``rejection_sampler.expand_kernel``: each request's value (``replace_from`` replaced
+    by ``replace_to``) repeated over its tokens."""
+    value = torch.where(input == replace_from, torch.full_like(input, replace_to), input)
+    req, _, _ = _token_requests(cu_num_tokens, output.numel())
+    total = cu_num_tokens[-1:].to(torch.int64)
+    inside = torch.arange(output.numel(), device=output.device) < total
+    output.copy_(torch.where(inside, value[req].to(output.dtype), output))
+
+
+def sample_recovered_tokens(output_token_ids, cu_num_draft_tokens, draft_token_ids,
+                            draft_probs, target_probs, inv_q, vocab_size, BLOCK_SIZE=None,  # noqa: N803
+                            NO_DRAFT_PROBS=False, USE_FP64_GUMBEL=False) -> None:  # noqa: N803
+    """``rejection_sampler.sample_recovered_tokens_kernel``: per draft position, the first
+    argmax over the vocabulary of ``max(target_p - draft_p, 0) * inv_q[request]``
+    (without draft probabilities: ``target_p`` with the draft token's entry zeroed)."""
+    n = output_token_ids.numel()
+    req, _, _ = _token_requests(cu_num_draft_tokens, n)
+    target = target_probs[:n]
+    if NO_DRAFT_PROBS:
+        draft = draft_token_ids[:n].to(torch.int64)
+        drop = (torch.nn.functional.one_hot(draft.clamp(min=0), vocab_size).to(torch.bool)
+                & (draft >= 0).unsqueeze(-1))   # a padded draft (-1) drops nothing
+        prob = target.masked_fill(drop, 0.0)
+    else:
+        prob = (target - draft_probs[:n]).clamp(min=0.0)
+    score = prob.to(inv_q.dtype) * inv_q[req]
+    best = score.argmax(dim=-1).clamp(max=vocab_size - 1)
+    output_token_ids.copy_(best.to(output_token_ids.dtype))
+
+
+_RS = "vllm.v1.sample.rejection_sampler."
+SUBSTITUTES = {
+    SLOT_MAPPING: compute_slot_mapping,
+    _RS + "rejection_greedy_sample_kernel": rejection_greedy_sample,
+    _RS + "rejection_random_sample_kernel": rejection_random_sample,
+    _RS + "expand_kernel": expand,
+    _RS + "sample_recovered_tokens_kernel": sample_recovered_tokens,
+}
 
 _DRAFTERS = ("the drafter's input kernels have no NPU substitute yet: the NPU platform "
-             "refuses EAGLE/MTP/DFlash/draft-model speculation (platform/npu.py)")
-_SAMPLER = ("the rejection sampler's kernels have no NPU substitute yet: the NPU platform "
-            "refuses speculative decoding (platform/npu.py)")
+             "serves ngram speculation only (platform/npu.py)")
 UNREACHED = {
     "vllm.v1.spec_decode.utils.eagle_step_slot_mapping_metadata_kernel": _DRAFTERS,
     "vllm.v1.spec_decode.utils.eagle_prepare_inputs_padded_kernel": _DRAFTERS,
     "vllm.v1.spec_decode.utils.eagle_prepare_next_token_padded_kernel": _DRAFTERS,
     "vllm.v1.spec_decode.utils.copy_and_expand_eagle_inputs_kernel": _DRAFTERS,
     "vllm.v1.spec_decode.utils.copy_and_expand_dflash_inputs_kernel": _DRAFTERS,
-    "vllm.v1.sample.rejection_sampler.rejection_greedy_sample_kernel": _SAMPLER,
-    "vllm.v1.sample.rejection_sampler.rejection_random_sample_kernel": _SAMPLER,
-    "vllm.v1.sample.rejection_sampler.expand_kernel": _SAMPLER,
-    "vllm.v1.sample.rejection_sampler.sample_recovered_tokens_kernel": _SAMPLER,
     "vllm.v1.worker.mamba_utils.batch_memcpy_kernel": (
         "mamba state copies run in the 'align' cache mode (hybrid prefix caching) only, "
         "which both platforms turn off (config_hooks.hybrid_prefix_caching_off)"),
