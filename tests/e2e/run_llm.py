@@ -51,6 +51,19 @@ def skip_graph_update() -> None:
     npu_graph.update_before_replay = lambda attn_metadata, key: 0
 
 
+def break_rejection_sampler() -> None:
+    """Negative control: the NPU's greedy rejection-sampler substitute accepts every draft
+    (worker/kernel_substitutes.py), as a substitute that ignored the target would."""
+    from vllm_ascend_ext.worker import kernel_substitutes as ks
+
+    name = "vllm.v1.sample.rejection_sampler.rejection_greedy_sample_kernel"
+    good = ks.SUBSTITUTES[name]
+
+    def accept_all(output, cu, draft, target_argmax, *args, **kwargs):
+        good(output, cu, draft, draft.to(target_argmax.dtype), *args, **kwargs)
+    ks.SUBSTITUTES[name] = accept_all
+
+
 def corrupt_moe_routing() -> None:
     """Negative control: MoE routing weights left unnormalised (norm_topk_prob ignored)."""
     import dataclasses
@@ -91,6 +104,7 @@ def main() -> None:
     ap.add_argument("--model", choices=("qwen3", "qwen_moe"), default="qwen3")
     ap.add_argument("--corrupt-moe-routing", action="store_true")
     ap.add_argument("--skip-graph-update", action="store_true")
+    ap.add_argument("--break-rejection-sampler", action="store_true")
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
@@ -98,6 +112,8 @@ def main() -> None:
         corrupt_moe_routing()
     if args.skip_graph_update:
         skip_graph_update()
+    if args.break_rejection_sampler:
+        break_rejection_sampler()
 
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform

@@ -49,3 +49,23 @@ def test_vllms_cpu_worker_and_the_npu_engine_path_agree(runs):
     assert cpu["engine"]["worker"] == "EmulatedAscendWorker"
     assert npu["tokens"] == cpu["tokens"]
     assert _max_logprob_diff(npu, cpu) < 1e-5
+
+
+# the same runs as tests/e2e/test_mixed_split.py (shared through the session's cache)
+MIXED = ("--many", "--max-num-batched-tokens", "64")
+ON = ("--mixed-split", "on")
+
+
+def test_ngram_speculation_through_the_npu_runner_equals_plain_decoding(runs):
+    """The rejection sampler runs on the NPU's substitutes of vLLM's Triton kernels
+    (registered over vLLM's CPU ones); greedy speculation must not change a token."""
+    plain = runs(*MIXED, *ON, emulate=True)
+    spec = runs(*MIXED, "--ngram", *ON, emulate=True)
+    assert spec["tokens"] == plain["tokens"]
+    assert _max_logprob_diff(spec, plain) < 1e-4
+
+
+def test_negative_control_a_broken_rejection_substitute_changes_the_tokens(runs):
+    plain = runs(*MIXED, *ON, emulate=True)
+    broken = runs(*MIXED, "--ngram", *ON, "--break-rejection-sampler", emulate=True)
+    assert broken["tokens"] != plain["tokens"]

@@ -107,4 +107,5 @@ def test_the_emulated_platform_registers_the_npu_substitute_over_vllms():
 
     EmulatedAscendPlatform.register_triton_kernel_overrides()
     EmulatedAscendPlatform.register_triton_kernel_overrides()   # idempotent
-    assert _registry[ks.SLOT_MAPPING][1] is ks.compute_slot_mapping
+    for name, impl in ks.SUBSTITUTES.items():
+        assert _registry[name][1] is impl, name
