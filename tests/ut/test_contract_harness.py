@@ -222,12 +222,38 @@ def test_sfa_caches_as_strided_views_of_one_row(contract):
                                   epsilon=1e-6, cache_mode="PA")
 
 
-def test_operator_documented_for_other_socs_only(contract):
-    contract("ascend950")
+def test_a_documentation_gap_is_counted_per_soc_and_an_unknown_one_is_a_violation(
+        contract, monkeypatch):
+    from vllm_ascend_ext.contract import product_gaps
+
+    h = contract("ascend950")
+    npu_dynamic_quant(torch.randn(4, 64, dtype=torch.bfloat16))      # a known gap: counted
+    assert h.violations == 0 and h.doc_gaps == {"npu_dynamic_quant@A5": 1}
+    assert "documentation gaps" in h.summary() and "npu_dynamic_quant@A5=1" in h.summary()
+    monkeypatch.setitem(product_gaps.GAPS, "npu_dynamic_quant", {})  # not a known gap
     with pytest.raises(ContractViolation, match=r"npu_dynamic_quant: argument \*: documented for "
                                                 r"A2, A3 only \(支持的型号\); the pretended SoC is "
                                                 r"ascend950 \(A5\)"):
         npu_dynamic_quant(torch.randn(4, 64, dtype=torch.bfloat16))
+
+
+def test_the_gap_table_covers_exactly_what_the_documentation_leaves_out():
+    from vllm_ascend_ext.contract import product_gaps
+    from vllm_ascend_ext.contract.harness import REFERENCES
+
+    want = product_gaps.doc_gaps(REFERENCES)
+    have = {op: sorted(f for f in routes) for op, routes in product_gaps.GAPS.items()}
+    assert have == {op: sorted(fams) for op, fams in want.items()}
+
+
+def test_readme_carries_the_generated_op_by_soc_table():
+    from pathlib import Path
+
+    from vllm_ascend_ext.contract import product_gaps
+    from vllm_ascend_ext.contract.harness import REFERENCES
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert product_gaps.markdown_table(REFERENCES) in readme
 
 
 @pytest.mark.parametrize("soc", ["ascend910b2", "ascend910_9391", "ascend950"])

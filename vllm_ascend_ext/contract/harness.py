@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from vllm.logger import init_logger
 
-from vllm_ascend_ext.contract import docs, metas, op_rules, oracle, rules, schemas
+from vllm_ascend_ext.contract import docs, metas, op_rules, oracle, product_gaps, rules, schemas
 from vllm_ascend_ext.errors import AscendExtError
 from vllm_ascend_ext.platform.soc import Soc
 
@@ -113,6 +113,7 @@ class Harness:
         self.calls: Counter[str] = Counter()
         self.violations = 0
         self.unspecified: set[str] = set()   # operators whose docs list no products
+        self.doc_gaps: Counter[str] = Counter()   # op@family: calls on an unlisted SoC
         self._lock = threading.RLock()  # _raise may run inside a locked section
         self._last_log = time.monotonic()
         self.namespace = _Namespace(self)
@@ -165,7 +166,10 @@ class Harness:
     def _rule_problems(self, call: rules.Call) -> list[tuple[str, str]]:
         problems = []
         product = rules.products_problem(call)
-        if product:
+        if product and product_gaps.route(call.op, call.family) is not None:
+            with self._lock:   # a gap only the product list implies: counted per SoC
+                self.doc_gaps[f"{call.op}@{call.family}"] += 1
+        elif product:
             problems.append(("*", f"{product} [{docs.SUPPORTED_PRODUCTS} of the torch_npu docs]"))
         if docs.families(call.op) is None:
             with self._lock:
@@ -213,7 +217,11 @@ class Harness:
             per_op = ", ".join(f"{op}={n}" for op, n in sorted(self.calls.items()))
             unspecified = sorted(self.unspecified)
             violations = self.violations
+            gaps = ", ".join(f"{k}={n}" for k, n in sorted(self.doc_gaps.items()))
         tail = (f"; products unspecified in the docs: {', '.join(unspecified)}"
                 if unspecified else "")
+        if gaps:
+            tail += (f"; documentation gaps (called on a SoC the docs do not list, route in "
+                     f"contract/product_gaps.py): {gaps}")
         return (f"ascend_ext npu-contract: validated {total} calls ({per_op}), violations "
                 f"{violations}{tail}")

@@ -1,0 +1,86 @@
+"""Operators the plugin calls on a SoC family their torch_npu 2.13 documentation does not list.
+
+Contract mode checks each call against the operator's supported products (支持的型号).
+Where the only objection is that list, the gap is one the documentation implies, not a
+contract the call breaks: the call is counted per SoC as a *documentation gap*, with the
+route the plugin takes there, and reported in the summary and in README's op-by-SoC table
+(``python -m vllm_ascend_ext.contract.product_gaps`` prints it). A gap not in ``GAPS``
+stays a violation, so a new operator or SoC never passes silently.
+"""
+
+from __future__ import annotations
+
+from vllm_ascend_ext.contract import docs
+
+FAMILIES = ("A2", "A3", "A5")
+FAMILY_NAMES = {"A2": "Atlas A2", "A3": "Atlas A3", "A5": "Ascend 950"}
+
+_SAME = ("called as on {listed}: the plugin has no other route; unverified on this SoC "
+         "until it runs there")
+_A3_IN_PRODUCTION = ("called as on A2, as vllm-ascend's MoE path does on every SoC it serves "
+                     "(no SoC branch there, A3 among them); the 2.13 documentation lists "
+                     "{listed} only")
+
+# op -> {family the docs do not list: the route the plugin takes there}
+GAPS: dict[str, dict[str, str]] = {
+    "npu_moe_gating_top_k_softmax": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
+    "npu_grouped_matmul": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
+    "npu_swiglu": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
+    "npu_moe_init_routing_v2": {"A5": _SAME},
+    "npu_scatter_pa_kv_cache": {"A5": _SAME},
+    "npu_dynamic_quant": {"A5": _SAME},
+    "npu_quant_matmul": {"A5": _SAME},
+    "npu_chunk_gated_delta_rule": {"A5": _SAME},
+    "npu_recurrent_gated_delta_rule": {"A5": _SAME},
+}
+
+
+def route(op: str, family: str) -> str | None:
+    """The route the plugin takes for a documentation gap, None if it is not one."""
+    text = GAPS.get(op, {}).get(family)
+    if text is None:
+        return None
+    return text.format(listed="/".join(docs.families(op) or ()))
+
+
+def doc_gaps(ops) -> dict[str, list[str]]:
+    """For each of ``ops`` whose documentation lists products: the served families it
+    does not list (what ``GAPS`` must cover)."""
+    out = {}
+    for op in sorted(ops):
+        listed = docs.families(op)
+        if listed is not None:
+            missing = [f for f in FAMILIES if f not in listed]
+            if missing:
+                out[op] = missing
+    return out
+
+
+def markdown_table(ops) -> str:
+    """README's op-by-SoC table: documented (yes), unspecified (no product list), or the
+    route the plugin takes on a family the documentation does not list."""
+    head = ("| operator | " + " | ".join(FAMILY_NAMES[f] for f in FAMILIES) + " |\n"
+            "|---|" + "---|" * len(FAMILIES) + "\n")
+    rows = []
+    for op in sorted(ops):
+        listed = docs.families(op)
+        cells = []
+        for family in FAMILIES:
+            if listed is None:
+                cells.append("unspecified")
+            elif family in listed:
+                cells.append("documented")
+            else:
+                cells.append(f"gap: {route(op, family) or 'REFUSED (no route)'}")
+        rows.append(f"| `{op}` | " + " | ".join(cells) + " |")
+    return head + "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    from vllm_ascend_ext.contract.harness import REFERENCES
+
+    print(markdown_table(REFERENCES), end="")
+
+
+if __name__ == "__main__":
+    main()
