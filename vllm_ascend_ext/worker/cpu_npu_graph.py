@@ -157,7 +157,7 @@ class _Recorder(TorchDispatchMode):
 class CpuGraph:
     """``torch.npu.NPUGraph`` on the CPU stand-in (see module docstring)."""
 
-    def __init__(self, runtime, keep_graph: bool = False):
+    def __init__(self, runtime):
         self._runtime = runtime
         self._items: list = []          # _Call or TaskHandle, in issue order
         self._recorder: _Recorder | None = None
