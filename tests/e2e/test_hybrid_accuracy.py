@@ -112,9 +112,9 @@ def test_blocks_above_fias_limit_are_served_through_smaller_kernel_blocks():
     # models get when their attention page is aligned to a large mamba page) is split into
     # 512-token kernel blocks, and prompts crossing them still match the float64 model
     # (vLLM's CPU runner zeroed new blocks by scheduler id in the kernel-block view: another
-    # request's keys; the emulated platform's runner zeroes every kernel block of a block)
+    # request's keys; the NPU runner, which emulation runs, zeroes every kernel block)
     res = compare("--block-size", "1024", "--lengths", "700,530,90", "--no-hf")
-    assert res["attention_kernel_block"] == 512 and res["runner"] == "EmulatedAscendModelRunner"
+    assert res["attention_kernel_block"] == 512 and res["runner"] == "EmulatedNPUModelRunner"
     assert res["failures"] == [], res["failures"]
     assert all(len(e["tokens"]) == 16 for e in res["prompts"])
 

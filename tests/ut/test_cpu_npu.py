@@ -191,3 +191,46 @@ def test_install_routes_the_accelerator_and_event_to_the_stand_in(rt, monkeypatc
 def test_warmup_sizes(compile_sizes, capture, ranges, compiled, graphs, expected):
     assert warmup_sizes(compile_sizes, capture, ranges, compiled=compiled,
                         graphs=graphs) == expected
+
+
+def _reads_on_host(t):            # a Python reference that reads its input on the host
+    return torch.tensor([float(sum(t.tolist()))])
+
+
+def python_op_body(x):
+    """The body of the test's Python custom op: one NPU operator call."""
+    from vllm_ascend_ext.worker.cpu_npu_graph import as_kernel
+
+    return as_kernel(_reads_on_host)(x * 1)
+
+
+_LIB = []
+
+
+def test_an_npu_operator_is_one_kernel_of_the_graph_and_the_capture_leaves_nothing_active(
+        rt, monkeypatch):
+    """An operator reference (reached through ``ops/_dispatch.pick``) is recorded as one
+    kernel: its Python (host reads included, as inside a real kernel) re-runs whole at
+    every replay. The recorder re-entered around a Python custom op's body (as for vLLM's
+    attention op) leaves no recorder active after the capture (a leak would record every
+    later eager operator call into the graph)."""
+    from vllm_ascend_ext.worker import cpu_npu_graph
+    from vllm_ascend_ext.worker.cpu_npu_graph import as_kernel
+
+    if not _LIB:
+        lib = torch.library.Library("vllm", "FRAGMENT")
+        lib.define("ascend_ext_test_body(Tensor x) -> Tensor")
+        lib.impl("ascend_ext_test_body", python_op_body, "CPU")
+        _LIB.append(lib)
+    monkeypatch.setitem(cpu_npu_graph.PYTHON_OPS, "vllm::ascend_ext_test_body",
+                        "tests.ut.test_cpu_npu:python_op_body")
+    x = torch.tensor([1.0, 2.0])
+    g = rt.NPUGraph()
+    with rt.graph(g):
+        y = torch.ops.vllm.ascend_ext_test_body(x)
+        z = y * 10
+    assert cpu_npu_graph._ACTIVE == [] and as_kernel(_reads_on_host) is _reads_on_host
+    assert g.num_calls() == 3                  # mul, the kernel, mul
+    x.copy_(torch.tensor([5.0, 6.0]))
+    g.replay()
+    assert z.tolist() == [110.0]

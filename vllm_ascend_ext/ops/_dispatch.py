@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from vllm_ascend_ext.contract import mode as contract_mode
+from vllm_ascend_ext.worker.cpu_npu_graph import as_kernel
 
 
 def torch_npu_module() -> Any:
@@ -43,4 +44,6 @@ def pick(
         return meta
     if device.type == "npu":
         return npu
-    return npu if torch_npu_op and contract_mode.enabled() else reference
+    impl = npu if torch_npu_op and contract_mode.enabled() else reference
+    # Emulated decode graphs: one operator call is one recorded kernel (worker/cpu_npu_graph.py)
+    return as_kernel(impl)

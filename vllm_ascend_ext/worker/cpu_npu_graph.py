@@ -24,6 +24,7 @@ platform compiles with Dynamo's eager backend when it captures graphs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,7 @@ class _Call:
     args: tuple
     kwargs: dict
     copy_into: list          # the capture's output tensors, refilled on replay (functional)
+    inputs: frozenset = frozenset()   # kernel calls: input storages (aliasing outputs skipped)
 
 
 @dataclass
@@ -121,6 +123,37 @@ def _has_bool_index(func, args) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] or ())
 
 
+# The recorders of the stand-in captures or updates in progress, innermost last (a
+# recorder re-enters itself around a Python custom op's body).
+_ACTIVE: list = []
+
+
+def as_kernel(impl):
+    """An NPU operator's implementation as called by the plugin (``ops/_dispatch.pick``):
+    while a stand-in graph is being captured or updated, one call is recorded as one
+    kernel (its Python reference runs unrecorded, and again, whole, at every replay),
+    as the NPU records the torch_npu kernel; otherwise ``impl`` itself."""
+    if not _ACTIVE:
+        return impl
+    return functools.partial(_kernel_call, _ACTIVE[-1], impl)
+
+
+def _kernel_call(recorder, impl, *args, **kwargs):
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        out = impl(*args, **kwargs)
+    inputs = frozenset(_storages((args, kwargs)))
+    # outputs that are (views of) its inputs are rewritten by the re-run itself
+    recorder.sink.append(_Call(impl, args, kwargs, _fresh(out, inputs), inputs))
+    return out
+
+
+def _fresh(out, inputs) -> list:
+    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
+            and t.untyped_storage().data_ptr() not in inputs]
+
+
 class _Recorder(TorchDispatchMode):
     """Runs every call as usual and appends it to ``sink`` (a list)."""
 
@@ -128,6 +161,14 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.sink = sink
         self.what = what
+
+    def __enter__(self):
+        _ACTIVE.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _ACTIVE.pop()
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -194,8 +235,7 @@ class CpuGraph:
             for call in (item.calls if isinstance(item, TaskHandle) else (item,)):
                 result = call.func(*call.args, **call.kwargs)
                 if call.copy_into:
-                    fresh = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
-                    for dst, src in zip(call.copy_into, fresh):
+                    for dst, src in zip(call.copy_into, _fresh(result, call.inputs)):
                         dst.copy_(src)
         self.replays += 1
 
