@@ -16,7 +16,9 @@ a device value on the host (``.item()``, ``bool(t)``, a data-dependent shape) ra
 a capturing NPU stream does; ``.tolist()``, ``.cpu()`` and ``.numpy()`` of a CPU tensor
 never reach the dispatcher, so those stay invisible here. A group of calls bracketed by
 ``graph_task_group_begin/end`` is a task: ``graph_task_update_begin(handle)`` ..
-``update_end`` replaces its calls with the ones issued in between.
+``update_end`` replaces its calls with the ones issued in between. An NPU operator
+called through ``ops/_dispatch.pick`` is one recorded kernel (``as_kernel``): its Python
+reference re-runs whole at replay, with the Python arguments of its capture.
 
 Compiled code must dispatch its operators for capture to see them: the emulated
 platform compiles with Dynamo's eager backend when it captures graphs.
