@@ -234,3 +234,27 @@ def test_an_npu_operator_is_one_kernel_of_the_graph_and_the_capture_leaves_nothi
     x.copy_(torch.tensor([5.0, 6.0]))
     g.replay()
     assert z.tolist() == [110.0]
+
+
+_WRITE_LIB = []
+
+
+def test_an_op_that_writes_an_argument_and_returns_a_new_tensor_is_refilled(rt):
+    """An operator that updates an argument in place (``Tensor(a!)``) and returns a new
+    tensor: the replay must refill that result, not only re-run the in-place part."""
+    if not _WRITE_LIB:
+        lib = torch.library.Library("ascend_ext_test", "DEF")
+        lib.define("count_and_double(Tensor(a!) counter, Tensor x) -> Tensor")
+
+        def impl(counter, x):
+            counter.add_(1)
+            return x * 2
+        lib.impl("count_and_double", impl, "CPU")
+        _WRITE_LIB.append(lib)
+    counter, x = torch.zeros(1), torch.tensor([1.0, 2.0])
+    g = rt.NPUGraph()
+    with rt.graph(g):
+        y = torch.ops.ascend_ext_test.count_and_double(counter, x) + 0
+    x.copy_(torch.tensor([5.0, 7.0]))
+    g.replay()
+    assert y.tolist() == [10.0, 14.0] and counter.tolist() == [2.0]

@@ -81,9 +81,10 @@ def _loop_random(x, no_draft_probs):
             if d < 0:
                 accepted = False
             else:
-                dp = 1.0 if no_draft_probs else float(x["draft_p"][s + p, d])
-                tp = float(x["target_p"][s + p, d])
-                accepted = dp > 0 and tp / dp >= float(x["uniform"][s + p])
+                # float32 probabilities divided in float32, as the Triton kernel loads them
+                dp = (torch.tensor(1.0) if no_draft_probs else x["draft_p"][s + p, d])
+                tp = x["target_p"][s + p, d]
+                accepted = bool(dp > 0) and float(tp / dp) >= float(x["uniform"][s + p])
             out[r, p] = d if accepted else int(x["recovered"][s + p])
             rejected = not accepted
         if not rejected:

@@ -143,6 +143,10 @@ class EmulatedAscendPlatform(CpuPlatform):
         capture_sizes = list(vllm_config.compilation_config.cudagraph_capture_sizes or [])
         super().check_and_update_config(vllm_config)
         if envs.emulated_worker() == "npu":
+            from vllm_ascend_ext.platform.npu import refuse_speculation_without_substitutes
+
+            # what the NPU platform serves: ngram (drafters' kernels have no substitute)
+            refuse_speculation_without_substitutes(vllm_config.speculative_config)
             emulated_graph_mode(vllm_config, capture_sizes)
         if is_sparse_mla_model(vllm_config.model_config):
             # vLLM's CPU platform turns chunked prefill and prefix caching off for MLA

@@ -191,9 +191,10 @@ class _Recorder(TorchDispatchMode):
             # a view, or an op that returned its input (``to`` to the same dtype,
             # weak_ref_tensor): aliases what the graph already has
             return out
-        copy_into = [] if writes else [t for t in tree_flatten(out)[0]
-                                       if isinstance(t, torch.Tensor)]
-        self.sink.append(_Call(func, args, kwargs, copy_into))
+        # results the re-run writes itself (in place, out=) are skipped; a new tensor an
+        # op returns beside the arguments it writes is refilled like a functional result
+        inputs = frozenset(_storages((args, kwargs))) if writes else frozenset()
+        self.sink.append(_Call(func, args, kwargs, _fresh(out, inputs), inputs))
         return out
 
 

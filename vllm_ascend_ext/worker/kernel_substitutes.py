@@ -123,11 +123,13 @@ def rejection_random_sample(output_token_ids, cu_num_draft_tokens, draft_token_i
     else:
         rows_t = torch.arange(n, device=draft.device)
         col = draft.clamp(min=0)
-        target_p = target_probs[rows_t, col].to(torch.float64)
+        target_p = target_probs[rows_t, col]
         draft_p = (torch.ones_like(target_p) if NO_DRAFT_PROBS
-                   else draft_probs[rows_t, col].to(torch.float64))
+                   else draft_probs[rows_t, col])
+        # divided in the probabilities' dtype, compared with the float64 uniform (Triton's
+        # promotion)
         ratio = target_p / torch.where(draft_p > 0, draft_p, torch.ones_like(draft_p))
-        accepted = valid & (draft_p > 0) & (ratio >= uniform_probs.to(torch.float64))
+        accepted = valid & (draft_p > 0) & (ratio.to(torch.float64) >= uniform_probs)
     tokens = torch.where(accepted, draft, recovered_token_ids.to(torch.int64))
     _write_until_rejected(output_token_ids, cu, tokens, accepted, ~is_greedy.to(torch.bool),
                           bonus_token_ids, max_spec_len)

@@ -3,12 +3,18 @@
 vLLM's GPU worker warms up through ``kernel_warmup``, which tunes CUDA kernels (FlashInfer,
 DeepGEMM, CuTe DSL, vLLM's Triton kernels for Qwen and Mamba) and imports CUDA-only model
 code on the way (MiniMax-M3's, which needs torchvision): an NPU runs none of those
-kernels. The NPU worker keeps the rest of vLLM's sequence, in vLLM's order:
+kernels. The NPU worker keeps, in vLLM's order:
 
 1. a dummy run per compile size that no captured graph covers (``warmup_sizes``);
 2. decode-graph capture (``capture_model``: the runner's graphs, FIA tasks captured);
 3. the sampler's dummy run at the largest batch (buffers allocated after capture);
-4. the seed reset, so serving's random state is the configured seed's.
+4. the seed reset, so serving's random state is the configured seed's;
+5. the GC heap frozen, vLLM's GC debug callback and its sync check (``VLLM_GPU_SYNC_CHECK``)
+   switched on.
+
+Not kept: the KV-size suggestion and start-up plan written after profiling (vLLM's memory
+profiling budget, which the NPU worker leaves as vLLM's), the dummy runs' randomised
+inputs for data parallelism, and the JIT-compile monitor (Triton JIT).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 from vllm.config import CompilationMode, CUDAGraphMode
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.logger import init_logger
+from vllm.utils.gc_utils import freeze_gc_heap, maybe_attach_gc_debug_callback
+from vllm.utils.gpu_sync_debug import enable_gpu_sync_check
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.worker_base import CompilationTimes
 
@@ -66,6 +74,9 @@ def compile_or_warm_up(worker) -> CompilationTimes:
         else:
             runner._dummy_sampler_run(hidden_states=last_hidden)
     set_random_seed(worker.model_config.seed, worker.parallel_config.data_parallel_index)
+    freeze_gc_heap()
+    maybe_attach_gc_debug_callback()
+    enable_gpu_sync_check()
     worker.graph_memory_bytes = graph_bytes
     return CompilationTimes(language_model=comp.compilation_time,
                             encoder=comp.encoder_compilation_time)
