@@ -86,10 +86,26 @@ class Event:
 
 
 class ExternalEvent(Event):
-    """torch_npu's ``ExternalEvent`` (graph tasks wait on it); ``reset`` as well."""
+    """torch_npu's ``ExternalEvent``: graph tasks wait on it. Waited on and reset inside a
+    capture, the wait and the reset are steps of the graph (``EventWait``/``EventReset``):
+    a replay whose event no update recorded would wait forever on an NPU; here it raises."""
+
+    def __init__(self, state: dict | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._state = state or {}
+
+    def _graph(self):
+        return self._state.get("capturing")
+
+    def wait(self, stream=None) -> None:
+        if self._graph() is not None:
+            self._graph()._add_step(cpu_npu_graph.EventWait(self))
 
     def reset(self, stream=None) -> None:
-        self.recorded = False
+        if self._graph() is not None:
+            self._graph()._add_step(cpu_npu_graph.EventReset(self))
+        else:
+            self.recorded = False
 
 
 class Memory:
@@ -133,8 +149,9 @@ def make_runtime() -> types.ModuleType:
     memory = Memory()
     default = Stream()
     state = {"stream": default, "capturing": None, "update": None}
+    rt.ExternalEvent = lambda: ExternalEvent(state)
 
-    rt.Stream, rt.Event, rt.ExternalEvent, rt.memory_model = Stream, Event, ExternalEvent, memory
+    rt.Stream, rt.Event, rt.memory_model = Stream, Event, memory
     rt.device_count = lambda: 1
     rt.current_device = lambda: 0
     rt.set_device = lambda device: None

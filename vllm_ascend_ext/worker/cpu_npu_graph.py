@@ -107,6 +107,26 @@ class TaskHandle:
     updates: int = 0
 
 
+@dataclass
+class EventWait:
+    """A captured wait on an ExternalEvent: the replay goes on only once it was recorded."""
+    event: object
+
+    def run(self) -> None:
+        if not self.event.recorded:
+            raise GraphCaptureError(
+                "replay waits on an ExternalEvent no graph-task update recorded (on an NPU "
+                "the replay would wait forever): update the graph's tasks before replaying")
+
+
+@dataclass
+class EventReset:
+    event: object
+
+    def run(self) -> None:
+        self.event.recorded = False
+
+
 def _writes(func) -> bool:
     """Whether the op mutates an argument (in place, ``out=``), from its schema."""
     return any(a.alias_info is not None and a.alias_info.is_write
@@ -221,6 +241,9 @@ class CpuGraph:
         recorder.__exit__(None, None, None)
         self._runtime._end_capture(self)
 
+    def _add_step(self, step) -> None:
+        self._recorder.sink.append(step)
+
     def _open_task(self) -> TaskHandle:
         task = TaskHandle()
         self._items.append(task)
@@ -235,6 +258,9 @@ class CpuGraph:
         if self._recorder is not None:
             raise GraphCaptureError("replay of a graph still capturing")
         for item in self._items:
+            if isinstance(item, (EventWait, EventReset)):
+                item.run()
+                continue
             for call in (item.calls if isinstance(item, TaskHandle) else (item,)):
                 result = call.func(*call.args, **call.kwargs)
                 if call.copy_into:
@@ -249,7 +275,8 @@ class CpuGraph:
         return None
 
     def num_calls(self) -> int:
-        return sum(len(i.calls) if isinstance(i, TaskHandle) else 1 for i in self._items)
+        return sum(len(i.calls) if isinstance(i, TaskHandle) else isinstance(i, _Call)
+                   for i in self._items)
 
     def tasks(self) -> list[TaskHandle]:
         return [i for i in self._items if isinstance(i, TaskHandle)]
