@@ -178,8 +178,9 @@ def test_substitutes_agree_with_vllms_cpu_kernels(seed):
 def test_negative_control_writing_past_the_first_rejection_differs():
     original = ks._write_until_rejected
 
-    def careless(output, cu, tokens, accepted, rows, bonus, max_spec_len):
-        original(output, cu, tokens, torch.ones_like(accepted), rows, bonus, max_spec_len)
+    def careless(output, spans, cu, tokens, accepted, rows, bonus, max_spec_len):
+        original(output, spans, cu, tokens, torch.ones_like(accepted), rows, bonus,
+                 max_spec_len)
 
     differs = 0
     for seed in SEEDS:

@@ -47,12 +47,15 @@ REGIONS = {"ascend_ext.sfa_forward": ATTENTION_REGION, "ascend_ext.gdn_forward":
 
 
 @functools.cache
-def _transparent_body(op_name: str) -> Callable[..., Any] | None:
-    target = TRANSPARENT_OPS.get(op_name)
-    if target is None:
-        return None
+def import_body(target: str) -> Callable[..., Any]:
+    """``"module:function"`` -> the function (a custom op's Python body)."""
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def _transparent_body(op_name: str) -> Callable[..., Any] | None:
+    target = TRANSPARENT_OPS.get(op_name)
+    return None if target is None else import_body(target)
 
 
 F = TypeVar("F", bound=Callable[..., Any])

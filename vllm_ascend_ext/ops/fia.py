@@ -293,12 +293,10 @@ def npu_fused_infer_attention_score(
 
 
 def npu_fused_infer_attention_score_out(query, key, value, *, workspace, out, **kwargs):
-    """The ``.out`` overload graph tasks issue (``attention/fia/graph_tasks.py``): on an NPU
-    torch_npu's, writing ``out = [attention, lse]``; elsewhere the functional operator above
-    (checked by the contract harness in contract mode) written into ``out``."""
-    if query.device.type == "npu":
-        return torch_npu_module().npu_fused_infer_attention_score.out(
-            query, key, value, workspace=workspace, out=out, **kwargs)
+    """The emulation of the ``.out`` overload graph tasks issue on the CPU stand-in
+    (``attention/fia/graph_tasks.py``; on an NPU they call torch_npu's own): the functional
+    operator above (checked by the contract harness in contract mode) written into
+    ``out = [attention, lse]``."""
     attn, lse = npu_fused_infer_attention_score(query, key, value, **kwargs)
     out[0].copy_(attn)
     if kwargs.get("softmax_lse_flag"):
@@ -307,12 +305,8 @@ def npu_fused_infer_attention_score_out(query, key, value, *, workspace, out, **
 
 
 def fia_max_workspace(query, key, value, **kwargs) -> torch.Tensor:
-    """The workspace a graph task's FIA call is given: torch_npu's
-    ``_npu_fused_infer_attention_score_get_max_workspace`` on an NPU; the references need
-    none (an empty tensor)."""
-    if query.device.type == "npu":
-        return torch_npu_module()._npu_fused_infer_attention_score_get_max_workspace(
-            query, key, value, **kwargs)
+    """The emulation of ``_npu_fused_infer_attention_score_get_max_workspace`` (graph tasks
+    on the CPU stand-in): the references need no workspace (an empty tensor)."""
     return query.new_empty(0, dtype=torch.uint8)
 
 

@@ -127,9 +127,9 @@ class EmulatedAscendPlatform(CpuPlatform):
         refuse_data_parallel_moe(vllm_config)
         sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
         parallel = vllm_config.parallel_config
+        npu_path = envs.emulated_worker() == "npu"
         if parallel.worker_cls == "auto":
-            parallel.worker_cls = (WORKER_CLS if envs.emulated_worker() == "npu"
-                                   else CPU_WORKER_CLS)
+            parallel.worker_cls = WORKER_CLS if npu_path else CPU_WORKER_CLS
         budget = kv_budget.apply(vllm_config, psutil.virtual_memory().available)
         if budget is not None:
             logger.info(
@@ -142,7 +142,7 @@ class EmulatedAscendPlatform(CpuPlatform):
                 sched.max_num_batched_tokens)
         capture_sizes = list(vllm_config.compilation_config.cudagraph_capture_sizes or [])
         super().check_and_update_config(vllm_config)
-        if envs.emulated_worker() == "npu":
+        if npu_path:
             from vllm_ascend_ext.platform.npu import refuse_speculation_without_substitutes
 
             # what the NPU platform serves: ngram (drafters' kernels have no substitute)

@@ -151,7 +151,7 @@ def make_runtime() -> types.ModuleType:
     state = {"stream": default, "capturing": None, "update": None}
     rt.ExternalEvent = lambda: ExternalEvent(state)
 
-    rt.Stream, rt.Event, rt.memory_model = Stream, Event, memory
+    rt.Stream, rt.Event = Stream, Event
     rt.device_count = lambda: 1
     rt.current_device = lambda: 0
     rt.set_device = lambda device: None
@@ -213,15 +213,12 @@ def make_runtime() -> types.ModuleType:
     def graph_task_update_begin(stream, handle) -> None:
         if state["capturing"] is not None or state["update"] is not None:
             raise GraphCaptureError("graph_task_update_begin inside a capture or an update")
-        recorder = cpu_npu_graph.record_update(handle)
-        recorder.__enter__()
-        state["update"] = (handle, recorder)
+        state["update"] = (handle, handle.begin_update())
 
     def graph_task_update_end(stream) -> None:
         handle, recorder = state["update"]
         state["update"] = None
-        recorder.__exit__(None, None, None)
-        cpu_npu_graph.finish_update(handle, recorder)
+        handle.end_update(recorder)
 
     rt.graph_task_group_begin, rt.graph_task_group_end = (graph_task_group_begin,
                                                           graph_task_group_end)

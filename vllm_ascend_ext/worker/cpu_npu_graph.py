@@ -34,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from vllm_ascend_ext.ops.counting import TRANSPARENT_OPS
+from vllm_ascend_ext.ops.counting import TRANSPARENT_OPS, import_body
 
 aten = torch.ops.aten
 
@@ -85,10 +85,7 @@ def python_op(func):
         raise GraphCaptureError(
             f"{name}: a Python custom op the CPU stand-in cannot capture through (add it to "
             "worker/cpu_npu_graph.py PYTHON_OPS with its Python implementation)")
-    import importlib
-
-    module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)
+    return import_body(target)
 
 
 @dataclass
@@ -105,6 +102,17 @@ class TaskHandle:
     """One updatable task of a graph (``graph_task_group_end``'s handle)."""
     calls: list = field(default_factory=list)
     updates: int = 0
+
+    def begin_update(self) -> _Recorder:
+        """Record the calls that will replace this task's (``graph_task_update_begin``)."""
+        recorder = _Recorder([], "a graph-task update")
+        recorder.__enter__()
+        return recorder
+
+    def end_update(self, recorder: _Recorder) -> None:
+        recorder.__exit__(None, None, None)
+        self.calls = recorder.sink
+        self.updates += 1
 
 
 @dataclass
@@ -206,14 +214,14 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func in NO_DATA:
             return out
-        writes = _writes(func)
-        if not writes and _storages(out) & _storages((args, kwargs)):
+        writes, inputs = _writes(func), frozenset(_storages((args, kwargs)))
+        if not writes and _storages(out) & inputs:
             # a view, or an op that returned its input (``to`` to the same dtype,
             # weak_ref_tensor): aliases what the graph already has
             return out
         # results the re-run writes itself (in place, out=) are skipped; a new tensor an
         # op returns beside the arguments it writes is refilled like a functional result
-        inputs = frozenset(_storages((args, kwargs))) if writes else frozenset()
+        inputs = inputs if writes else frozenset()
         self.sink.append(_Call(func, args, kwargs, _fresh(out, inputs), inputs))
         return out
 
@@ -281,12 +289,3 @@ class CpuGraph:
     def tasks(self) -> list[TaskHandle]:
         return [i for i in self._items if isinstance(i, TaskHandle)]
 
-
-def record_update(task: TaskHandle) -> _Recorder:
-    """A recorder whose calls replace ``task``'s (entered by graph_task_update_begin)."""
-    return _Recorder([], "a graph-task update")
-
-
-def finish_update(task: TaskHandle, recorder: _Recorder) -> None:
-    task.calls = recorder.sink
-    task.updates += 1

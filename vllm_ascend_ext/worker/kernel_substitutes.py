@@ -61,21 +61,20 @@ def _token_requests(cu: torch.Tensor, num_tokens: int):
     return req, tokens - starts[req], starts
 
 
-def _write_until_rejected(output, cu, tokens, accepted, rows, bonus, max_spec_len):
+def _write_until_rejected(output, spans, cu, tokens, accepted, rows, bonus, max_spec_len):
     """The kernels' common tail: per request (``rows`` only), write ``tokens`` from the
     first draft position through the first rejected one; if none was rejected, the bonus
-    token after the last draft."""
+    token after the last draft. ``spans``: ``_token_requests(cu, num_tokens)``."""
     n = accepted.numel()
-    req, pos, _ = _token_requests(cu, n)
+    req, pos, starts = spans
     rejected = (~accepted).to(torch.int64)
     before = torch.cat([rejected.new_zeros(1), rejected.cumsum(0)])   # rejections before t
-    base = before[torch.cat([cu.new_zeros(1), cu[:-1]]).to(torch.int64)]
-    write = (before[:n] - base[req] == 0) & rows[req]
+    write = (before[:n] - before[starts][req] == 0) & rows[req]
     flat = output.view(-1)
     width = max_spec_len + 1
     index = req * width + pos
     flat[index] = torch.where(write, tokens.to(output.dtype), flat[index])
-    count = cu.to(torch.int64) - torch.cat([cu.new_zeros(1), cu[:-1]]).to(torch.int64)
+    count = cu.to(torch.int64) - starts
     none_rejected = torch.zeros(cu.numel(), dtype=torch.int64, device=cu.device)
     none_rejected.index_add_(0, req, rejected)
     last = torch.arange(cu.numel(), device=cu.device) * width + count
@@ -92,16 +91,17 @@ def rejection_greedy_sample(output_token_ids, cu_num_draft_tokens, draft_token_i
     (synthetic mode: accepted when ``uniform < rate[pos]`` and the draft is not -1)."""
     cu = cu_num_draft_tokens
     draft, target = draft_token_ids.to(torch.int64), target_argmax.to(torch.int64)
+    spans = _token_requests(cu, draft.numel())
     if SYNTHETIC_MODE:
-        _, pos, _ = _token_requests(cu, draft.numel())
+        pos = spans[1]
         accepted = (uniform_probs < synthetic_conditional_rates[pos]) & (draft >= 0)
         tokens = torch.where(accepted, draft, target)
     else:
         accepted, tokens = draft == target, target
     rows = (torch.ones(cu.numel(), dtype=torch.bool, device=cu.device) if is_greedy is None
             else is_greedy.to(torch.bool))
-    _write_until_rejected(output_token_ids, cu, tokens, accepted, rows, bonus_token_ids,
-                          max_spec_len)
+    _write_until_rejected(output_token_ids, spans, cu, tokens, accepted, rows,
+                          bonus_token_ids, max_spec_len)
 
 
 def rejection_random_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids,
@@ -116,7 +116,8 @@ def rejection_random_sample(output_token_ids, cu_num_draft_tokens, draft_token_i
     cu = cu_num_draft_tokens
     draft = draft_token_ids.to(torch.int64)
     n = draft.numel()
-    _, pos, _ = _token_requests(cu, n)
+    spans = _token_requests(cu, n)
+    pos = spans[1]
     valid = draft >= 0
     if SYNTHETIC_MODE:
         accepted = valid & (uniform_probs < synthetic_conditional_rates[pos])
@@ -131,8 +132,8 @@ def rejection_random_sample(output_token_ids, cu_num_draft_tokens, draft_token_i
         ratio = target_p / torch.where(draft_p > 0, draft_p, torch.ones_like(draft_p))
         accepted = valid & (draft_p > 0) & (ratio.to(torch.float64) >= uniform_probs)
     tokens = torch.where(accepted, draft, recovered_token_ids.to(torch.int64))
-    _write_until_rejected(output_token_ids, cu, tokens, accepted, ~is_greedy.to(torch.bool),
-                          bonus_token_ids, max_spec_len)
+    _write_until_rejected(output_token_ids, spans, cu, tokens, accepted,
+                          ~is_greedy.to(torch.bool), bonus_token_ids, max_spec_len)
 
 
 def expand(output, input, cu_num_tokens, replace_from, replace_to,  # noqa: A002

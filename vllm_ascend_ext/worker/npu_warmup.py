@@ -61,9 +61,8 @@ def compile_or_warm_up(worker) -> CompilationTimes:
     runner.maybe_remove_all_loras(runner.lora_config)
     logger.info_once("ascend_ext: vLLM's CUDA kernel warm-up (kernel_warmup) is skipped on "
                      "the NPU: none of its kernels runs there")
-    graph_bytes = 0
     if not worker.model_config.enforce_eager:
-        graph_bytes = runner.capture_model()
+        runner.capture_model()
     if get_pp_group().is_last_rank:
         sched = worker.scheduler_config
         hidden, last_hidden = runner._dummy_run(
@@ -77,6 +76,5 @@ def compile_or_warm_up(worker) -> CompilationTimes:
     freeze_gc_heap()
     maybe_attach_gc_debug_callback()
     enable_gpu_sync_check()
-    worker.graph_memory_bytes = graph_bytes
     return CompilationTimes(language_model=comp.compilation_time,
                             encoder=comp.encoder_compilation_time)
