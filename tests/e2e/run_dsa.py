@@ -85,6 +85,34 @@ def moe_weights_vs_checkpoint(model, model_dir: str) -> float:
     return worst
 
 
+def int8_weight_formats(model) -> dict[str, int]:
+    """How many int8 parameters (W8A8 linears, experts) the engine holds in each format."""
+    import torch
+
+    from vllm_ascend_ext.ops.format import format_name, npu_format
+
+    out: dict[str, int] = {}
+    for p in model.parameters():
+        if p.dtype == torch.int8:
+            out[format_name(npu_format(p))] = out.get(format_name(npu_format(p)), 0) + 1
+    return out
+
+
+def prolog_nd_copies(layers) -> int:
+    """Prolog source weights still resident beside (not shared with) the prolog's NZ copy."""
+    from vllm_ascend_ext.attention.sfa.weights import PROLOG_SOURCES
+
+    count = 0
+    for layer in layers:
+        prolog = layer.weights.prolog
+        if prolog is None:
+            continue
+        for name, w in zip(PROLOG_SOURCES, (prolog.w_dq, prolog.w_uq_qr, prolog.w_dkv_kr)):
+            own = getattr(layer.projections, name).weight
+            count += int(own.numel() > 0 and own.data_ptr() != w.data_ptr())
+    return count
+
+
 SELECTION: dict[str, int] = {"max_selected": 0, "max_visible": 0, "calls": 0,
                              "first_step_tokens": 0}
 
@@ -190,6 +218,8 @@ def main() -> None:
         "backends": sorted({layer.attn_backend.get_name() for layer in layers}),
         "routes": [[layer.route.preprocess, layer.route.reason] for layer in layers],
         "fallback_bytes_freed": sum(layer.weights.fallback_bytes_freed for layer in layers),
+        "int8_weight_formats": int8_weight_formats(model),
+        "prolog_nd_copies": prolog_nd_copies(layers),
         "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
         "kv_cache_groups": [sorted(g.layer_names) for g in runner.kv_cache_config.kv_cache_groups],
         "caches": [[list(c.shape), c.is_contiguous(), c.data_ptr()] for layer in layers

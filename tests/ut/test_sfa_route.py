@@ -16,8 +16,8 @@ def test_quantized_layers_take_the_prolog_in_every_deployment(quant, soc, role):
     r = decide(LayerFacts(quant=quant, kv_role=role, soc_family=soc))
     assert r.preprocess == "prolog_v3" and quant in r.reason
     # the route is per layer, so it holds for prefill, decode and mixed steps alike;
-    # fallback weights go only on KV consumers
-    assert r.dispose_fallback == (role == "kv_consumer")
+    # the native chain never runs there, so its weights go in every deployment
+    assert r.dispose_fallback
 
 
 @pytest.mark.parametrize("role,route", [("none", "native"), ("kv_producer", "native"),
@@ -25,7 +25,7 @@ def test_quantized_layers_take_the_prolog_in_every_deployment(quant, soc, role):
 def test_unquantized_layers_keep_the_native_chain_except_on_kv_consumers(role, route):
     r = decide(LayerFacts(quant="float", kv_role=role))
     assert r.preprocess == route
-    assert r.dispose_fallback == (role == "kv_consumer")
+    assert r.dispose_fallback == (route == "prolog_v3")
 
 
 @pytest.mark.parametrize("quant", ["float", "w8a8_dynamic", "mxfp8"])
@@ -69,7 +69,7 @@ def test_overrides(quant, role):
     assert not native.dispose_fallback
     forced = decide(LayerFacts(quant=quant, kv_role=role), "prolog_v3")
     assert forced.preprocess == "prolog_v3"
-    assert forced.dispose_fallback == (role == "kv_consumer")
+    assert forced.dispose_fallback              # the native chain never runs there
 
 
 def test_bad_values_name_the_field():

@@ -261,6 +261,14 @@ def _output_dtype(call: Call) -> str | None:
     return None
 
 
+def _x2_nz_family(call: Call) -> str | None:
+    t = tensor(call, "x2")
+    if t is not None and npu_format(t) == ACL_FORMAT_FRACTAL_NZ and call.family not in ("A2", "A3"):
+        return (f"x2 is FRACTAL_NZ on {call.family}; the documentation gives the NZ weight "
+                "(k, n, not transposed) for A2/A3 only: keep it ND there")
+    return None
+
+
 NORM_QUANT_RULES = (
     Rule(RMS, "self", "输入数据类型仅支持float16、bfloat16和float32", dtype_in("self", F16, BF16, F32)),
     Rule(RMS, "gamma", "gamma：Tensor类型，数据类型需要和self保持一致", _same_dtype("gamma", "self")),
@@ -276,6 +284,9 @@ NORM_QUANT_RULES = (
          all_of(dtype_in("pertoken_scale", F32), dims_in("pertoken_scale", 1))),
     Rule(QMM, "output_dtype", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 支持输入torch.int8、torch.float16、torch.bfloat16、torch.int32",
          _output_dtype),
+    Rule(QMM, "x2", "将x2非转置(batch, k, n)后转format, 示例代码如下, 仅支持如下产品", _x2_nz_family,
+         note="the products listed after it are A2 and A3; A2/A3 also read "
+              "'推荐x2不转置直接转亲和format'"),
 )
 
 # --- MoE --------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ The checkpoint holds, per expert and projection, an int8 ``weight [N, K]``, a fl
 processed). vLLM's MoE weight loader fills the fused ``w13``/``w2`` parameters and, for
 parameters marked per-channel, their scales and offsets. Activations are quantized per
 row at run time (``npu_dynamic_quant``) and each grouped matmul applies both scales
-(``experts.routed_experts_w8a8``). Chosen by ``AscendExtQuantConfig`` for a MoE layer whose
+(``experts.routed_experts_w8a8``). After loading the experts are ``[E, K, N]``, cast to
+FRACTAL_NZ on A2/A3 (``quantization/weight_format.py``). Chosen by ``AscendExtQuantConfig`` for a MoE layer whose
 experts the description lists as W8A8_DYNAMIC; routing is the same as the float method's.
 """
 
@@ -20,7 +21,9 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm_ascend_ext.moe import experts
 from vllm_ascend_ext.moe.method import MonolithicEntry, layer_routing_plan, transpose_experts
 from vllm_ascend_ext.moe.routing import UnsupportedMoEError
+from vllm_ascend_ext.ops.format import cast_parameter
 from vllm_ascend_ext.quantization.w8a8_dynamic import deterministic_int8
+from vllm_ascend_ext.quantization.weight_format import current_quantized_weight_format
 
 
 class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
@@ -65,6 +68,9 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
             scale = getattr(layer, f"{stem}_weight_scale")
             scale.data = scale.data[..., 0].float().contiguous()       # [E, N]
         transpose_experts(layer, "w13_weight", "w2_weight")
+        fmt = current_quantized_weight_format()
+        for name in ("w13_weight", "w2_weight"):
+            cast_parameter(layer, name, fmt)
 
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(layer, router_logits)

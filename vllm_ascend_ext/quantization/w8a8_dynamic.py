@@ -2,9 +2,9 @@
 
 Checkpoint tensors (ModelSlim): ``weight`` int8 [out, in], ``weight_scale`` [out, 1],
 ``weight_offset`` [out, 1] (symmetric: zeros). After loading, the weight is kept as
-``[in, out]`` (the layout ``npu_quant_matmul`` and ``npu_mla_prolog_v3`` take; the SFA
-layer casts its prolog copy to FRACTAL_NZ, ``attention/sfa/weights.py``) and the scale as
-fp32 [out].
+``[in, out]`` (the layout ``npu_quant_matmul`` and ``npu_mla_prolog_v3`` take), cast to
+FRACTAL_NZ on A2/A3 (``quantization/weight_format.py``; the SFA prolog then shares it,
+``attention/sfa/weights.py``), and the scale as fp32 [out].
 
 Forward: ``x_q, s_x = npu_dynamic_quant(x)``;
 ``y = npu_quant_matmul(x_q, W, s_w, pertoken_scale=s_x, output_dtype=x.dtype)``.
@@ -24,7 +24,9 @@ import torch
 from vllm.model_executor.layers.linear import LinearMethodBase
 from vllm.model_executor.parameter import ChannelQuantScaleParameter, ModelWeightParameter
 
+from vllm_ascend_ext.ops.format import cast_parameter
 from vllm_ascend_ext.ops.quant import npu_dynamic_quant, npu_quant_matmul
+from vllm_ascend_ext.quantization.weight_format import current_quantized_weight_format
 
 
 def deterministic_int8(shape: tuple[int, ...], name: str) -> torch.Tensor:
@@ -59,6 +61,7 @@ class W8A8DynamicLinearMethod(LinearMethodBase):
             raise ValueError(f"{self.prefix}: W8A8_DYNAMIC weight_offset must be zero (symmetric)")
         w = layer.weight.data.t().contiguous()
         layer.weight = torch.nn.Parameter(w, requires_grad=False)
+        cast_parameter(layer, "weight", current_quantized_weight_format())
         layer.weight_scale = torch.nn.Parameter(
             layer.weight_scale.data.reshape(-1).float().contiguous(), requires_grad=False)
         del layer.weight_offset

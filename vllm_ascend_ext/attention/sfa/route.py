@@ -8,7 +8,9 @@ The rule (vllm-ascend PR 16328, the route vllm-ascend takes for DeepSeek-V3.2):
   consumer) and every attention state (the route is per layer, not per step);
 - unquantized layers keep the native chain, except on KV consumers;
 - KV-cache quantization (C8) only chooses the cache layout, never the route;
-- the fallback (native-chain) weights are disposed only on KV consumers;
+- the fallback (native-chain) weights are disposed wherever the layer takes the fused
+  prolog: its forward never runs the native chain (vllm-ascend disposes them on KV
+  consumers only; keeping them elsewhere holds an ND copy beside each NZ prolog weight);
 - ``sfa.preprocess``: ``auto`` applies the rule, ``native`` forces the chain,
   ``prolog_v3`` forces the prolog and fails with a clear error where the layer
   cannot take it.
@@ -123,5 +125,4 @@ def decide(f: LayerFacts, override: str = "auto") -> Route:
         reason = f"unquantized layer, deployment {f.kv_role!r}: native chain"
     op, op_reason = prolog_op(f.rope_dim, f.kv_cache_quant, f.quant) if route == "prolog_v3" \
         else (None, "")
-    return Route(route, reason, layout, route == "prolog_v3" and f.kv_role == "kv_consumer",
-                 op, op_reason)
+    return Route(route, reason, layout, route == "prolog_v3", op, op_reason)

@@ -5,9 +5,11 @@
 - on the fused route, the prolog's weight set in its own layout (``[in, out]``), cast
   once to FRACTAL_NZ (``npu_format_cast``: the operator takes ``weight_dq``,
   ``weight_uq_qr`` and ``weight_dkv_kr`` in no other format), plus W8A8 dequant scales;
-- on KV consumers with the fused route, the native-chain ("fallback") weights of
-  ``q_a_proj`` / ``q_b_proj`` / ``kv_a_proj_with_mqa`` are disposed; the freed
-  bytes are reported.
+- with the fused route the native chain never runs, so the native-chain ("fallback")
+  weights of ``q_a_proj`` / ``q_b_proj`` / ``kv_a_proj_with_mqa`` are disposed
+  (``Route.dispose_fallback``) and the freed bytes reported; a W8A8 weight already in
+  FRACTAL_NZ (A2/A3) *is* the prolog's weight and stays, shared, so no ND copy stays
+  resident beside an NZ one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_ascend_ext.attention.sfa.projections import SfaProjections
-from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, npu_format_cast
+from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_ND, as_format
 from vllm_ascend_ext.quantization.w8a8_dynamic import is_w8a8
 
 PROLOG_SOURCES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa")
@@ -45,18 +47,19 @@ class SfaWeights:
 def dense_weight(linear) -> torch.Tensor:
     """A linear layer's weight as float [out, in] (dequantized when W8A8)."""
     if is_w8a8(linear):
-        return (linear.weight.float() * linear.weight_scale[None, :]).t()
+        w = as_format(linear.weight, ACL_FORMAT_ND)
+        return (w.float() * linear.weight_scale[None, :]).t()
     return linear.weight
 
 
 def _prolog_layout(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    # W8A8: already [in, out] int8. The NZ cast is an alias off the NPU and a copy on it
-    # (the ND weight then stays with the linear layer unless the route disposes it).
+    # W8A8: already [in, out] int8, and FRACTAL_NZ on A2/A3 (then shared, not copied).
+    # Otherwise the cast is a new tensor; the route disposes the linear's original.
     if is_w8a8(linear):
-        w, scale = linear.weight.contiguous(), linear.weight_scale.view(1, -1)
+        w, scale = linear.weight, linear.weight_scale.view(1, -1)
     else:
         w, scale = linear.weight.t().contiguous(), None
-    return npu_format_cast(w, ACL_FORMAT_FRACTAL_NZ), scale
+    return as_format(w, ACL_FORMAT_FRACTAL_NZ), scale
 
 
 def prepare(proj: SfaProjections, *, heads: int, nope_dim: int, v_dim: int, route: str,
