@@ -8,6 +8,16 @@ plugin's NPU worker and runner on the CPU stand-in), not vLLM's CPU worker.
 from __future__ import annotations
 
 
+def _fia_task_keys() -> list[int]:
+    """Graph keys held by every live FiaGraphTasks (profiling captures must leave none)."""
+    import gc
+
+    from vllm_ascend_ext.attention.fia.graph_tasks import FiaGraphTasks
+
+    gc.unfreeze()     # the warm-up froze the heap: frozen objects are not listed
+    return sorted(len(o.tasks) for o in gc.get_objects() if type(o) is FiaGraphTasks)
+
+
 def engine_info(llm) -> dict:
     worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
     runner = worker.model_runner
@@ -24,4 +34,8 @@ def engine_info(llm) -> dict:
             "graphs_captured": len(graphs),
             "graph_replays": sum(getattr(g, "replays", 0) for g in graphs),
             "fia_task_updates": sum(t.updates for g in graphs
-                                    for t in (g.tasks() if hasattr(g, "tasks") else ()))}
+                                    for t in (g.tasks() if hasattr(g, "tasks") else ())),
+            "fia_task_keys": _fia_task_keys(),
+            "graph_memory_estimate": getattr(worker, "cudagraph_memory_estimate", None),
+            "kv_cache_bytes": getattr(worker, "available_kv_cache_memory_bytes", None),
+            "kv_cache_memory_bytes": llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes}

@@ -86,14 +86,15 @@ def moe_weights_vs_checkpoint(model, model_dir: str) -> float:
 
 
 def int8_weight_formats(model) -> dict[str, int]:
-    """How many int8 parameters (W8A8 linears, experts) the engine holds in each format."""
+    """How many int8 parameters (W8A8 linears, experts) the engine holds in each format
+    (disposed native-chain weights, emptied, are not held)."""
     import torch
 
     from vllm_ascend_ext.ops.format import format_name, npu_format
 
     out: dict[str, int] = {}
     for p in model.parameters():
-        if p.dtype == torch.int8:
+        if p.dtype == torch.int8 and p.numel():
             out[format_name(npu_format(p))] = out.get(format_name(npu_format(p)), 0) + 1
     return out
 

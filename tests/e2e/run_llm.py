@@ -105,6 +105,8 @@ def main() -> None:
     ap.add_argument("--corrupt-moe-routing", action="store_true")
     ap.add_argument("--skip-graph-update", action="store_true")
     ap.add_argument("--break-rejection-sampler", action="store_true")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="size the KV cache by the worker's memory profiling")
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
@@ -121,6 +123,9 @@ def main() -> None:
     from vllm_ascend_ext.models import tiny_model_path, tiny_qwen_moe_path
 
     kwargs = {}
+    if args.gpu_memory_utilization:   # the worker's profiling sizes the KV cache
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
     if args.mixed_split:
         kwargs["additional_config"] = {"ascend_ext": {"mixed_split": args.mixed_split}}
     if args.ngram:

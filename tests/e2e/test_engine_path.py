@@ -32,10 +32,28 @@ def test_decode_graphs_replay_with_fia_updates_and_equal_eager_mode(runs):
     assert engine["graphs_captured"] > 0 and engine["graph_replays"] > 0
     # two FIA layers: every replay updated both layers' tasks
     assert engine["fia_task_updates"] == 2 * engine["graph_replays"]
+    assert engine["fia_task_keys"] == [engine["graphs_captured"]]   # one builder, its graphs
     assert eager["engine"]["cudagraph_mode"] == "NONE"
     assert eager["engine"]["graph_replays"] == 0
     assert graphs["tokens"] == eager["tokens"]
     assert _max_logprob_diff(graphs, eager) < 1e-4
+
+
+def test_graph_memory_is_measured_into_the_kv_budget_and_leaves_no_profiling_tasks(runs):
+    """With the KV cache sized by the worker's profiling (no fixed size), the NPU worker
+    measures the decode graphs as vLLM's does on CUDA (a temporary capture of the first
+    two sizes, at least 1 MiB per further graph) and takes it from the KV budget; the
+    profiling captures' FIA tasks do not outlive them, and serving is unchanged."""
+    profiled = runs(*CHUNKED, "--gpu-memory-utilization", "0.05", emulate=True)
+    eager = runs(*CHUNKED, "--enforce-eager", emulate=True)
+    engine = profiled["engine"]
+    assert engine["kv_cache_memory_bytes"] is None and engine["kv_cache_bytes"] > 0
+    assert engine["graph_memory_estimate"] >= (engine["graphs_captured"] - 1) * 2**20
+    assert engine["fia_task_keys"] == [engine["graphs_captured"]]
+    assert engine["graph_replays"] > 0 and profiled["tokens"] == eager["tokens"]
+    assert _max_logprob_diff(profiled, eager) < 1e-4
+    fixed = runs(*CHUNKED, emulate=True)["engine"]       # a fixed KV size: nothing measured
+    assert fixed["graph_memory_estimate"] is None
 
 
 def test_negative_control_a_replay_without_the_fia_update_waits_on_its_event():

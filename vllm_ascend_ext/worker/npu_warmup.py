@@ -6,14 +6,15 @@ code on the way (MiniMax-M3's, which needs torchvision): an NPU runs none of tho
 kernels. The NPU worker keeps, in vLLM's order:
 
 1. a dummy run per compile size that no captured graph covers (``warmup_sizes``);
-2. decode-graph capture (``capture_model``: the runner's graphs, FIA tasks captured);
+2. decode-graph capture (``capture_model``: the runner's graphs, FIA tasks captured),
+   its memory logged beside the estimate the KV budget took (``worker/npu_graph_memory.py``);
 3. the sampler's dummy run at the largest batch (buffers allocated after capture);
 4. the seed reset, so serving's random state is the configured seed's;
 5. the GC heap frozen, vLLM's GC debug callback and its sync check (``VLLM_GPU_SYNC_CHECK``)
    switched on.
 
-Not kept: the KV-size suggestion and start-up plan written after profiling (vLLM's memory
-profiling budget, which the NPU worker leaves as vLLM's), the dummy runs' randomised
+Not kept: the KV-size suggestion and start-up plan written after profiling, the dummy
+runs' randomised
 inputs for data parallelism, and the JIT-compile monitor (Triton JIT).
 """
 
@@ -62,7 +63,11 @@ def compile_or_warm_up(worker) -> CompilationTimes:
     logger.info_once("ascend_ext: vLLM's CUDA kernel warm-up (kernel_warmup) is skipped on "
                      "the NPU: none of its kernels runs there")
     if not worker.model_config.enforce_eager:
-        runner.capture_model()
+        captured = runner.capture_model()
+        estimate = getattr(worker, "cudagraph_memory_estimate", 0)
+        if estimate:
+            logger.info("ascend_ext: decode graphs took %.2f MiB (estimated %.2f MiB)",
+                        (captured or 0) / 2**20, estimate / 2**20)
     if get_pp_group().is_last_rank:
         sched = worker.scheduler_config
         hidden, last_hidden = runner._dummy_run(

@@ -126,6 +126,13 @@ class AscendNPUWorker(Worker):
 
         return AscendNPUModelRunner(self.vllm_config, self.device)
 
+    def determine_available_memory(self) -> int:
+        # vLLM's profiling, then the decode graphs' share, which vLLM measures only on
+        # CUDA/XPU (worker/npu_graph_memory.py).
+        from vllm_ascend_ext.worker import npu_graph_memory
+
+        return npu_graph_memory.budget(self, super().determine_available_memory())
+
     def compile_or_warm_up_model(self):
         # vLLM's sequence without its CUDA kernel warm-up (worker/npu_warmup.py).
         from vllm_ascend_ext.worker.npu_warmup import compile_or_warm_up
