@@ -51,17 +51,42 @@ def skip_graph_update() -> None:
     npu_graph.update_before_replay = lambda attn_metadata, key: 0
 
 
-def break_rejection_sampler() -> None:
-    """Negative control: the NPU's greedy rejection-sampler substitute accepts every draft
-    (worker/kernel_substitutes.py), as a substitute that ignored the target would."""
+def break_substitute(which: str) -> None:
+    """Negative control: one of the NPU's substitutes of vLLM's Triton kernels
+    (worker/kernel_substitutes.py) made wrong the way a faulty port would be."""
+    import torch
+
     from vllm_ascend_ext.worker import kernel_substitutes as ks
 
-    name = "vllm.v1.sample.rejection_sampler.rejection_greedy_sample_kernel"
+    rs = "vllm.v1.sample.rejection_sampler."
+    name = {"greedy": rs + "rejection_greedy_sample_kernel",
+            "random": rs + "rejection_random_sample_kernel", "expand": rs + "expand_kernel",
+            "recovered": rs + "sample_recovered_tokens_kernel",
+            "slot_mapping": ks.SLOT_MAPPING}[which]
     good = ks.SUBSTITUTES[name]
 
-    def accept_all(output, cu, draft, target_argmax, *args, **kwargs):
+    def greedy(output, cu, draft, target_argmax, *args, **kwargs):      # accepts every draft
         good(output, cu, draft, draft.to(target_argmax.dtype), *args, **kwargs)
-    ks.SUBSTITUTES[name] = accept_all
+
+    def random(*args, **kwargs):                      # accepts every draft (uniform 0)
+        args = list(args)
+        args[7] = args[7].new_zeros(args[7].shape)
+        good(*args, **kwargs)
+
+    def expand(output, input, *args, **kwargs):       # each request gets its neighbour's value
+        good(output, input.roll(1), *args, **kwargs)
+
+    def recovered(output_token_ids, *args, **kwargs):  # the recovered token is always 0
+        good(output_token_ids, *args, **kwargs)
+        output_token_ids.zero_()
+
+    def slot_mapping(*args, **kwargs):                 # every token one slot further
+        good(*args, **kwargs)
+        slots = args[6]
+        slots.copy_(torch.where(slots >= 0, slots + 1, slots))
+
+    ks.SUBSTITUTES[name] = {"greedy": greedy, "random": random, "expand": expand,
+                            "recovered": recovered, "slot_mapping": slot_mapping}[which]
 
 
 def corrupt_moe_routing() -> None:
@@ -104,7 +129,10 @@ def main() -> None:
     ap.add_argument("--model", choices=("qwen3", "qwen_moe"), default="qwen3")
     ap.add_argument("--corrupt-moe-routing", action="store_true")
     ap.add_argument("--skip-graph-update", action="store_true")
-    ap.add_argument("--break-rejection-sampler", action="store_true")
+    ap.add_argument("--break-substitute", default=None,
+                    choices=("greedy", "random", "expand", "recovered", "slot_mapping"))
+    ap.add_argument("--sample", action="store_true",
+                    help="random sampling: temperatures 0.6-1.2 across requests, a seed each")
     ap.add_argument("--gpu-memory-utilization", type=float, default=None,
                     help="size the KV cache by the worker's memory profiling")
     args = ap.parse_args()
@@ -114,8 +142,8 @@ def main() -> None:
         corrupt_moe_routing()
     if args.skip_graph_update:
         skip_graph_update()
-    if args.break_rejection_sampler:
-        break_rejection_sampler()
+    if args.break_substitute:
+        break_substitute(args.break_substitute)
 
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
@@ -150,6 +178,10 @@ def main() -> None:
         words = " ".join(PROMPTS).split()
         prompts = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 60))) * 2
                    for _ in range(32)]
+    if args.sample:   # each request its own temperature and seed: reproducible sampling
+        sp = [SamplingParams(max_tokens=args.max_tokens, temperature=0.6 + 0.2 * (i % 4),
+                             seed=1000 + i, logprobs=1, ignore_eos=True)
+              for i in range(len(prompts))]
     outs = llm.generate(prompts, sp, use_tqdm=False)
     stats = [b.stats for b in _builders(llm) if hasattr(b, "stats")]
 

@@ -86,5 +86,38 @@ def test_ngram_speculation_through_the_npu_runner_equals_plain_decoding(runs):
 
 def test_negative_control_a_broken_rejection_substitute_changes_the_tokens(runs):
     plain = runs(*MIXED, *ON, emulate=True)
-    broken = runs(*MIXED, "--ngram", *ON, "--break-rejection-sampler", emulate=True)
+    broken = runs(*MIXED, "--ngram", *ON, "--break-substitute", "greedy", emulate=True)
     assert broken["tokens"] != plain["tokens"]
+
+
+# seeded random sampling (a temperature and a seed per request) with ngram drafts
+SAMPLED = (*MIXED, *ON, "--ngram", "--sample")
+
+
+def test_sampled_speculation_on_the_npu_substitutes_equals_vllms_cpu_kernels(runs):
+    """Random rejection sampling, expand and recovered tokens run on the NPU's substitutes
+    (chunked prefill, the mixed split on) and give exactly what vLLM's CPU worker gives
+    with vLLM's own C++ kernels on whole prompts: the same seeded draws, so the same
+    tokens. Chunked prefill discards partial prefills' samples and rewinds their
+    generators by one draw (an NPU generator's offset, modelled by the stand-in), so
+    chunking changes no draw."""
+    npu = runs(*SAMPLED, emulate=True)
+    cpu = runs("--many", "--ngram", "--sample", "--enforce-eager", emulate=True,
+               ASCEND_EXT_EMULATED_WORKER="cpu")
+    assert cpu["engine"]["worker"] == "EmulatedAscendWorker"
+    assert npu["tokens"] == cpu["tokens"]
+    assert _max_logprob_diff(npu, cpu) < 1e-4
+
+
+@pytest.mark.parametrize("which", ["random", "expand", "recovered"])
+def test_negative_control_each_broken_sampling_substitute_changes_the_tokens(runs, which):
+    good = runs(*SAMPLED, emulate=True)
+    broken = runs(*SAMPLED, "--break-substitute", which, emulate=True)
+    assert broken["tokens"] != good["tokens"]
+
+
+def test_negative_control_a_broken_slot_mapping_substitute_changes_the_tokens(runs):
+    good = runs(*CHUNKED, "--enforce-eager", emulate=True)
+    broken = runs(*CHUNKED, "--enforce-eager", "--break-substitute", "slot_mapping",
+                  emulate=True)
+    assert broken["tokens"] != good["tokens"]

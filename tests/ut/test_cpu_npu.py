@@ -262,3 +262,29 @@ def test_an_op_that_writes_an_argument_and_returns_a_new_tensor_is_refilled(rt):
     x.copy_(torch.tensor([5.0, 7.0]))
     g.replay()
     assert y.tolist() == [10.0, 14.0] and counter.tolist() == [2.0]
+
+
+def test_seeded_generators_rewind_one_draw_as_an_npu_generators_offset_does():
+    """vLLM discards a partial prefill's sample and rewinds its generator by one draw
+    (set_offset(get_offset() - 4)); the stand-in's generator restores the state it had
+    before the sampling step, so the next draw is the one an unchunked request makes."""
+    from types import SimpleNamespace
+
+    plain = torch.Generator().manual_seed(11)
+    generators = {0: torch.Generator().manual_seed(11), 1: torch.Generator().manual_seed(12)}
+    requests = {"a": SimpleNamespace(generator=generators[0]), "b": SimpleNamespace(generator=None)}
+    cpu_npu.offset_generators(generators, requests, ["a", "b"])
+    gen = generators[0]
+    assert isinstance(gen, cpu_npu.OffsetGenerator) and requests["a"].generator is gen
+    discarded = torch.rand(5, generator=gen)                # the partial prefill's draw
+    assert torch.equal(discarded, torch.rand(5, generator=torch.Generator().manual_seed(11)))
+    gen.set_offset(gen.get_offset() - 4)                     # vLLM's rewind
+    cpu_npu.offset_generators(generators, requests, ["a", "b"])
+    assert torch.equal(torch.rand(5, generator=gen), torch.rand(5, generator=plain))
+    with pytest.raises(RuntimeError, match="rewinds one draw since the last sampling step"):
+        gen.set_offset(gen.get_offset() - 8)
+    # negative control: without the rewind the next draw differs from an unchunked one
+    again = torch.Generator().manual_seed(11)
+    torch.rand(5, generator=again)
+    assert not torch.equal(torch.rand(5, generator=again),
+                           torch.rand(5, generator=torch.Generator().manual_seed(11)))

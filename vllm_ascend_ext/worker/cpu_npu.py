@@ -142,6 +142,55 @@ class Memory:
                 "num_alloc_retries": 0, "num_ooms": 0}
 
 
+class OffsetGenerator(torch.Generator):
+    """A CPU generator with an NPU generator's offset, as far as vLLM's runner uses it.
+
+    NPU generators (Philox, like CUDA's) count draws in an offset; vLLM's GPU runner
+    rewinds a request's generator by one draw (``set_offset(get_offset() - 4)``) when it
+    discards the sample of a partial prefill. CPU generators (Mersenne Twister) have no
+    offset (stock vLLM on a CPU fails there). This one keeps its state at ``checkpoint()``
+    (before each sampling step) and counts one draw; rewinding by that draw restores the
+    state. Any other offset is refused: the stand-in models no more than vLLM uses."""
+
+    DRAW = 4
+
+    def __new__(cls, source: torch.Generator):
+        return super().__new__(cls, device="cpu")
+
+    def __init__(self, source: torch.Generator) -> None:
+        self.set_state(source.get_state())
+        self._offset = 0
+        self._saved: torch.Tensor | None = None
+
+    def checkpoint(self) -> None:
+        self._saved = self.get_state()
+        self._offset += self.DRAW
+
+    def get_offset(self) -> int:
+        return self._offset
+
+    def set_offset(self, offset: int) -> OffsetGenerator:
+        if self._saved is None or offset != self._offset - self.DRAW:
+            raise RuntimeError(
+                f"the stand-in's generator rewinds one draw since the last sampling step "
+                f"only (offset {self._offset} -> {offset})")
+        self.set_state(self._saved)
+        self._offset, self._saved = offset, None
+        return self
+
+
+def offset_generators(generators: dict, requests: dict, req_ids: list) -> None:
+    """Before a sampling step: the batch's seeded generators as ``OffsetGenerator`` (the
+    request's own record too, so a resumed request keeps it), each checkpointed."""
+    for index, gen in list(generators.items()):
+        if not isinstance(gen, OffsetGenerator):
+            gen = generators[index] = OffsetGenerator(gen)
+            state = requests.get(req_ids[index]) if index < len(req_ids) else None
+            if state is not None:
+                state.generator = gen
+        gen.checkpoint()
+
+
 def make_runtime() -> types.ModuleType:
     """A fresh stand-in ``torch.npu`` (one per worker process)."""
     rt = types.ModuleType("torch_npu_cpu_stand_in")

@@ -10,7 +10,9 @@ cannot be:
 * ``torch.ops._C.weak_ref_tensor`` (vLLM's graph capture; vLLM's CPU build has none) is
   an alias of its input for the CPU: a captured graph keeps its outputs alive itself;
 * the runner's host copies of step results go through ``tolist`` (vLLM's CPU runner
-  does the same: a CPU build has no pinned memory to copy into).
+  does the same: a CPU build has no pinned memory to copy into);
+* seeded requests' generators get the offset an NPU generator has
+  (``cpu_npu.OffsetGenerator``): vLLM rewinds a discarded partial prefill's draw by it.
 
 Everything else — input preparation, the metadata builders, graph capture and replay with
 the FIA graph-task update before each replay, the kernel substitutes, block zeroing —
@@ -45,6 +47,12 @@ class EmulatedNPUModelRunner(AscendNPUModelRunner):
 
     def _to_list(self, sampled_token_ids: torch.Tensor) -> list[list[int]]:
         return sampled_token_ids.tolist()
+
+    def sample_tokens(self, grammar_output):
+        if self.execute_model_state is not None:
+            cpu_npu.offset_generators(self.input_batch.generators, self.requests,
+                                      self.input_batch.req_ids)
+        return super().sample_tokens(grammar_output)
 
 
 class EmulatedNPUWorker(AscendNPUWorker):
