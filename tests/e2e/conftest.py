@@ -1,5 +1,6 @@
-"""Helpers for e2e tests: each engine runs in its own subprocess (vLLM picks its
-platform once per process), and reports one ``RESULT {json}`` line."""
+"""Helpers for e2e tests: each engine runs in its own process (vLLM picks its platform
+once per process), forked from a zygote that has imported vLLM already (``zygote.py``),
+and reports one ``RESULT {json}`` line."""
 
 from __future__ import annotations
 
@@ -29,20 +30,60 @@ def child_env(emulate: bool, **extra: str) -> dict[str, str]:
     return env
 
 
+_ZYGOTES: dict = {}     # platform environment -> zygote.Zygote
+
+
+def _run(script: str, args: tuple, env: dict[str, str], timeout: int) -> tuple[int, str, str]:
+    """(rc, stdout, stderr) of one run of ``script``: forked from a zygote that has
+    imported vLLM already (``zygote.py``), or in a fresh interpreter with E2E_ZYGOTE=0."""
+    cwd = str(REPO / "tests")
+    if os.environ.get("E2E_ZYGOTE", "1") == "0":
+        proc = subprocess.run([sys.executable, str(HERE / script), *args], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        return proc.returncode, proc.stdout, proc.stderr
+    import tempfile
+
+    from tests.e2e import zygote
+
+    k = zygote.key(env)
+    if k not in _ZYGOTES:
+        _ZYGOTES[k] = zygote.Zygote({**env, "PYTHONPATH": _pythonpath()}, cwd)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+        rc, timed_out = _ZYGOTES[k].run(str(HERE / script), list(args), env, cwd, out, err,
+                                        timeout)
+        with open(out) as f_out, open(err) as f_err:
+            stdout, stderr = f_out.read(), f_err.read()
+    if timed_out:
+        raise subprocess.TimeoutExpired([script, *args], timeout, stdout, stderr)
+    return rc, stdout, stderr
+
+
+def _pythonpath() -> str:
+    """The zygote imports ``tests.e2e.zygote``'s siblings by path; keep the caller's path."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_zygotes():
+    yield
+    for z in _ZYGOTES.values():
+        z.close()
+    _ZYGOTES.clear()
+
+
 def run_script(script: str, *args: str, emulate: bool, timeout: int = 600, **env) -> dict:
-    proc = subprocess.run(
-        [sys.executable, str(HERE / script), *args], cwd=str(REPO / "tests"),
-        env=child_env(emulate, **env), capture_output=True, text=True, timeout=timeout,
-    )
-    for line in proc.stdout.splitlines():
+    full_env = child_env(emulate, **env)
+    rc, stdout, stderr = _run(script, args, full_env, timeout)
+    for line in stdout.splitlines():
         if line.startswith("RESULT "):
             result = json.loads(line[len("RESULT "):])
             if emulate:
                 assert_npu_engine_path(result, env)
             return result
     raise AssertionError(
-        f"{script} {' '.join(args)} produced no RESULT (rc={proc.returncode}):\n"
-        f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        f"{script} {' '.join(args)} produced no RESULT (rc={rc}):\n"
+        f"{stdout[-3000:]}\n{stderr[-6000:]}"
     )
 
 

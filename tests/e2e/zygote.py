@@ -1,0 +1,135 @@
+"""Engine runs without paying the import each time: a zygote process imports torch, vLLM
+and the plugin once, then forks one child per run.
+
+About 8 of the ~20 seconds an e2e engine run takes on the 2-core machine is ``from vllm
+import LLM``; the suite starts dozens of engines. A zygote is keyed by the environment
+that decides vLLM's platform during that import (``ASCEND_EXT_EMULATE``,
+``VLLM_PLUGINS``); everything else a run sets (``ASCEND_EXT_SOC``, contract mode, the
+worker choice, vLLM's variables) is read at run time and is set, whole, in the child
+before its script runs as ``__main__``. Nothing passes from one run to the next: each
+child starts from the zygote's import-only state (the zygote itself never builds an
+engine), and a crash, a timeout or a signal ends only that child. Output goes to files the
+caller reads, as from a subprocess.
+
+``E2E_ZYGOTE=0`` runs every script in a fresh interpreter instead (``conftest.run_script``).
+
+Protocol (stdin/stdout of the zygote, one JSON object per line): request ``{"script",
+"args", "env", "cwd", "out", "err", "timeout"}``, answer ``{"rc": int, "timed_out": bool}``
+on a line starting with ``ZYGOTE``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PLATFORM_ENV = ("ASCEND_EXT_EMULATE", "VLLM_PLUGINS")
+TAG = "ZYGOTE "
+
+
+def key(env: dict[str, str]) -> tuple:
+    return tuple((name, env.get(name)) for name in PLATFORM_ENV)
+
+
+class Zygote:
+    """Client side: one zygote process for one platform environment."""
+
+    def __init__(self, env: dict[str, str], cwd: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__], cwd=cwd, env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+
+    def run(self, script: str, args: list[str], env: dict[str, str], cwd: str, out: str,
+            err: str, timeout: int) -> tuple[int, bool]:
+        request = dict(script=script, args=list(args), env=env, cwd=cwd, out=out, err=err,
+                       timeout=timeout)
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(TAG):
+                answer = json.loads(line[len(TAG):])
+                return answer["rc"], answer["timed_out"]
+        raise RuntimeError(f"the zygote for {script} exited (rc={self.proc.wait()})")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _child(req: dict) -> None:
+    """In the forked child: become the script's process and run it; never returns."""
+    code = 1
+    try:
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.chdir(req["cwd"])
+        for fd, path in ((1, req["out"]), (2, req["err"])):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        import runpy
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(req["script"])))
+        sys.argv = [req["script"], *req["args"]]
+        try:
+            runpy.run_path(req["script"], run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _wait(pid: int, timeout: float) -> tuple[int, bool]:
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), False
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            return os.waitstatus_to_exitcode(status), True
+        time.sleep(0.05)
+
+
+def serve() -> None:
+    """Zygote side: import once, then fork a child per request line."""
+    import torch  # noqa: F401
+    from vllm import LLM, SamplingParams  # noqa: F401
+
+    import vllm_ascend_ext  # noqa: F401
+
+    channel = sys.stdout
+    for line in sys.stdin:
+        req = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(req)
+        rc, timed_out = _wait(pid, req["timeout"])
+        channel.write(TAG + json.dumps({"rc": rc, "timed_out": timed_out}) + "\n")
+        channel.flush()
+
+
+if __name__ == "__main__":
+    serve()
