@@ -21,6 +21,7 @@ SECTION = "ascend_ext"
 
 MIXED_SPLIT_CHOICES = ("auto", "on", "off")
 SFA_PREPROCESS_CHOICES = ("auto", "native", "prolog_v3")
+WEIGHT_NZ_CHOICES = ("auto", "off")
 
 
 class AscendExtConfigError(AscendExtError):
@@ -42,6 +43,8 @@ class AscendExtConfig:
     # Mixed chunked-prefill steps: "auto" lets the gate decide, "on"/"off" force it.
     mixed_split: str = "auto"
     sfa: SfaConfig = field(default_factory=SfaConfig)
+    # Quantized (int8) matmul weights in FRACTAL_NZ: "auto" where the docs give it (A2/A3).
+    weight_nz: str = "auto"
 
 
 # One schema drives parsing, errors and the README table: key -> (type, choices, doc).
@@ -49,6 +52,8 @@ _SCHEMA: dict[str, dict[str, tuple[type, tuple[str, ...] | None, str]]] = {
     "": {
         "mixed_split": (str, MIXED_SPLIT_CHOICES, "split mixed prefill/decode steps"),
         "sfa": (dict, None, "sparse-attention (SFA) section"),
+        "weight_nz": (str, WEIGHT_NZ_CHOICES,
+                      "int8 weights in FRACTAL_NZ (auto: on A2/A3; off: keep ND)"),
     },
     "sfa": {
         "preprocess": (str, SFA_PREPROCESS_CHOICES, "SFA preprocessing route"),

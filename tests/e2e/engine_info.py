@@ -38,4 +38,5 @@ def engine_info(llm) -> dict:
             "fia_task_keys": _fia_task_keys(),
             "graph_memory_estimate": getattr(worker, "cudagraph_memory_estimate", None),
             "kv_cache_bytes": getattr(worker, "available_kv_cache_memory_bytes", None),
+            "kv_budget_before_graphs": getattr(worker, "kv_budget_before_graphs", None),
             "kv_cache_memory_bytes": llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes}

@@ -3,19 +3,24 @@ and the plugin once, then forks one child per run.
 
 About 8 of the ~20 seconds an e2e engine run takes on the 2-core machine is ``from vllm
 import LLM``; the suite starts dozens of engines. A zygote is keyed by the environment
-that decides vLLM's platform during that import (``ASCEND_EXT_EMULATE``,
-``VLLM_PLUGINS``); everything else a run sets (``ASCEND_EXT_SOC``, contract mode, the
-worker choice, vLLM's variables) is read at run time and is set, whole, in the child
-before its script runs as ``__main__``. Nothing passes from one run to the next: each
+read during that import (``PLATFORM_ENV``: the variables that decide vLLM's platform,
+vLLM's logging set-up, Hugging Face's offline switches, the module path); everything
+else a run sets (``ASCEND_EXT_SOC``, contract mode, the worker choice, vLLM's run-time
+variables) is read at run time and is set, whole, in the child before its script runs
+as ``__main__``. Nothing passes from one run to the next: each
 child starts from the zygote's import-only state (the zygote itself never builds an
 engine), and a crash, a timeout or a signal ends only that child. Output goes to files the
-caller reads, as from a subprocess.
+caller reads, as from a subprocess; the child runs the interpreter's exit handlers
+(``atexit``, ``weakref.finalize``: shutdown log lines) before it exits. The zygote refuses
+to fork once a thread other than its main one exists (a forked child would inherit a
+lock held by it).
 
 ``E2E_ZYGOTE=0`` runs every script in a fresh interpreter instead (``conftest.run_script``).
 
-Protocol (stdin/stdout of the zygote, one JSON object per line): request ``{"script",
-"args", "env", "cwd", "out", "err", "timeout"}``, answer ``{"rc": int, "timed_out": bool}``
-on a line starting with ``ZYGOTE``.
+Protocol (stdin/stdout of the zygote, one JSON object per line): request ``{"id",
+"script", "args", "env", "cwd", "out", "err", "timeout"}``, answer ``{"id", "rc",
+"timed_out"}`` on a line starting with ``ZYGOTE``; the zygote's own messages go to a log
+file whose tail a failure reports.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import subprocess
 import sys
 import time
 
-PLATFORM_ENV = ("ASCEND_EXT_EMULATE", "VLLM_PLUGINS")
+PLATFORM_ENV = ("ASCEND_EXT_EMULATE", "VLLM_PLUGINS", "VLLM_CONFIGURE_LOGGING",
+                "VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", "VLLM_LOGGING_PREFIX",
+                "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTHONPATH")
 TAG = "ZYGOTE "
 
 
@@ -39,21 +46,29 @@ class Zygote:
     """Client side: one zygote process for one platform environment."""
 
     def __init__(self, env: dict[str, str], cwd: str) -> None:
+        import tempfile
+
+        self.log = tempfile.NamedTemporaryFile(prefix="zygote-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [sys.executable, __file__], cwd=cwd, env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+            stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1)
+        self.next_id = 0
 
     def run(self, script: str, args: list[str], env: dict[str, str], cwd: str, out: str,
             err: str, timeout: int) -> tuple[int, bool]:
-        request = dict(script=script, args=list(args), env=env, cwd=cwd, out=out, err=err,
-                       timeout=timeout)
+        self.next_id += 1
+        request = dict(id=self.next_id, script=script, args=list(args), env=env, cwd=cwd,
+                       out=out, err=err, timeout=timeout)
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         for line in self.proc.stdout:
             if line.startswith(TAG):
                 answer = json.loads(line[len(TAG):])
-                return answer["rc"], answer["timed_out"]
-        raise RuntimeError(f"the zygote for {script} exited (rc={self.proc.wait()})")
+                if answer["id"] == self.next_id:      # an earlier, abandoned run's answer
+                    return answer["rc"], answer["timed_out"]
+        with open(self.log.name, errors="replace") as f:
+            tail = f.read()[-4000:]
+        raise RuntimeError(f"the zygote for {script} exited (rc={self.proc.wait()}):\n{tail}")
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -62,6 +77,8 @@ class Zygote:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        self.log.close()
+        os.unlink(self.log.name)
 
 
 def _child(req: dict) -> None:
@@ -84,12 +101,17 @@ def _child(req: dict) -> None:
             runpy.run_path(req["script"], run_name="__main__")
             code = 0
         except SystemExit as e:
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)        # as the interpreter would
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         except BaseException:
             import traceback
 
             traceback.print_exc()
             code = 1
+        import atexit
+
+        atexit._run_exitfuncs()                       # shutdown handlers, as at a real exit
     finally:
         try:
             sys.stdout.flush()
@@ -113,6 +135,8 @@ def _wait(pid: int, timeout: float) -> tuple[int, bool]:
 
 def serve() -> None:
     """Zygote side: import once, then fork a child per request line."""
+    import threading
+
     import torch  # noqa: F401
     from vllm import LLM, SamplingParams  # noqa: F401
 
@@ -121,13 +145,17 @@ def serve() -> None:
     channel = sys.stdout
     for line in sys.stdin:
         req = json.loads(line)
+        if threading.active_count() != 1:
+            raise RuntimeError(f"the zygote has threads {threading.enumerate()}: forking "
+                               "would copy their locks, held")
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             _child(req)
         rc, timed_out = _wait(pid, req["timeout"])
-        channel.write(TAG + json.dumps({"rc": rc, "timed_out": timed_out}) + "\n")
+        answer = {"id": req["id"], "rc": rc, "timed_out": timed_out}
+        channel.write(TAG + json.dumps(answer) + "\n")
         channel.flush()
 
 

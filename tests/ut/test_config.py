@@ -17,7 +17,9 @@ BAD = [
     # (additional_config, substrings the message must contain)
     ({"ascend_ext": {"mixed_splt": "on"}}, ["unknown key 'mixed_splt'", "did you mean 'mixed_split'"]),
     ({"ascend_ext": {"mixedsplit": "on"}}, ["'mixedsplit'", "mixed_split"]),
-    ({"ascend_ext": {"zzz": 1}}, ["unknown key 'zzz'", "allowed keys: mixed_split, sfa"]),
+    ({"ascend_ext": {"zzz": 1}}, ["unknown key 'zzz'", "allowed keys: mixed_split, sfa, weight_nz"]),
+    ({"ascend_ext": {"weight_nz": "on"}}, ["ascend_ext.weight_nz", "invalid value 'on'", "'auto', 'off'"]),
+    ({"ascend_ext": {"weight_nz": False}}, ["ascend_ext.weight_nz", "expected a str", "False (bool)"]),
     ({"ascend_ext": {"mixed_split": True}}, ["ascend_ext.mixed_split", "expected a str", "True (bool)"]),
     ({"ascend_ext": {"mixed_split": "false"}}, ["invalid value 'false'", "'auto', 'on', 'off'"]),
     ({"ascend_ext": {"mixed_split": "On"}}, ["invalid value 'On'", "did you mean 'on'"]),
@@ -48,6 +50,7 @@ def test_bad_input_names_key_value_and_allowed(raw, needles):
     ({"other_plugin": {"x": 1}, "kv_transfer": 3}, AscendExtConfig()),  # not ours: untouched
     ({"ascend_ext": {}}, AscendExtConfig()),
     ({"ascend_ext": {"mixed_split": "off"}}, AscendExtConfig(mixed_split="off")),
+    ({"ascend_ext": {"weight_nz": "off"}}, AscendExtConfig(weight_nz="off")),
     ({"ascend_ext": {"mixed_split": "on", "sfa": {"preprocess": "native"}}},
      AscendExtConfig(mixed_split="on", sfa=SfaConfig(preprocess="native"))),
 ])
@@ -61,6 +64,6 @@ def test_config_is_frozen_and_defaults_documented():
     cfg = parse_config(None)
     with pytest.raises(AttributeError):
         cfg.mixed_split = "on"  # type: ignore[misc]
-    assert cfg.mixed_split == "auto" and cfg.sfa.preprocess == "auto"
+    assert cfg.mixed_split == "auto" and cfg.sfa.preprocess == "auto" and cfg.weight_nz == "auto"
     names = [r[0] for r in schema_rows()]
-    assert names == ["ascend_ext.mixed_split", "ascend_ext.sfa.preprocess"]
+    assert names == ["ascend_ext.mixed_split", "ascend_ext.weight_nz", "ascend_ext.sfa.preprocess"]

@@ -264,27 +264,35 @@ def test_an_op_that_writes_an_argument_and_returns_a_new_tensor_is_refilled(rt):
     assert y.tolist() == [10.0, 14.0] and counter.tolist() == [2.0]
 
 
-def test_seeded_generators_rewind_one_draw_as_an_npu_generators_offset_does():
-    """vLLM discards a partial prefill's sample and rewinds its generator by one draw
-    (set_offset(get_offset() - 4)); the stand-in's generator restores the state it had
-    before the sampling step, so the next draw is the one an unchunked request makes."""
+def test_seeded_draws_of_a_discarded_partial_prefill_are_undone_exactly():
+    """The NPU runner reads offsets before sampling and restores the discarded requests'
+    after vLLM's own rewind (worker/seeded_draws.py); the stand-in's generator restores
+    the state read at an offset, so the next draw is the one an unchunked request makes."""
     from types import SimpleNamespace
 
-    plain = torch.Generator().manual_seed(11)
-    generators = {0: torch.Generator().manual_seed(11), 1: torch.Generator().manual_seed(12)}
+    from vllm_ascend_ext.worker import seeded_draws
+
+    def fresh(seed):
+        return torch.Generator().manual_seed(seed)
+
+    generators = {0: fresh(11), 1: fresh(12)}
     requests = {"a": SimpleNamespace(generator=generators[0]), "b": SimpleNamespace(generator=None)}
     cpu_npu.offset_generators(generators, requests, ["a", "b"])
+    assert isinstance(generators[0], cpu_npu.OffsetGenerator)
+    assert requests["a"].generator is generators[0]
+    before = seeded_draws.offsets(generators)                       # the NPU runner's read
+    drawn = {i: torch.rand(5, generator=g) for i, g in generators.items()}   # the step's draws
+    assert torch.equal(drawn[0], torch.rand(5, generator=fresh(11)))
     gen = generators[0]
-    assert isinstance(gen, cpu_npu.OffsetGenerator) and requests["a"].generator is gen
-    discarded = torch.rand(5, generator=gen)                # the partial prefill's draw
-    assert torch.equal(discarded, torch.rand(5, generator=torch.Generator().manual_seed(11)))
-    gen.set_offset(gen.get_offset() - 4)                     # vLLM's rewind
-    cpu_npu.offset_generators(generators, requests, ["a", "b"])
-    assert torch.equal(torch.rand(5, generator=gen), torch.rand(5, generator=plain))
-    with pytest.raises(RuntimeError, match="rewinds one draw since the last sampling step"):
-        gen.set_offset(gen.get_offset() - 8)
-    # negative control: without the rewind the next draw differs from an unchunked one
-    again = torch.Generator().manual_seed(11)
-    torch.rand(5, generator=again)
-    assert not torch.equal(torch.rand(5, generator=again),
-                           torch.rand(5, generator=torch.Generator().manual_seed(11)))
+    gen.set_offset(gen.get_offset() - 4)                             # vLLM's rewind
+    assert seeded_draws.restore(generators, before, [True, False]) == 1
+    plain_a, plain_b = fresh(11), fresh(12)
+    torch.rand(5, generator=plain_b)                                 # b's sample was kept
+    assert torch.equal(torch.rand(5, generator=generators[0]), torch.rand(5, generator=plain_a))
+    assert torch.equal(torch.rand(5, generator=generators[1]), torch.rand(5, generator=plain_b))
+    with pytest.raises(RuntimeError, match="restores offsets it was read at only"):
+        gen.set_offset(3)
+    # negative control: an OffsetGenerator never restored keeps drawing further
+    kept = cpu_npu.OffsetGenerator(fresh(11))
+    torch.rand(5, generator=kept)
+    assert not torch.equal(torch.rand(5, generator=kept), torch.rand(5, generator=fresh(11)))

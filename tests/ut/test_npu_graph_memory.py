@@ -50,6 +50,7 @@ def test_budget_measures_and_records_what_vllms_worker_would_on_cuda(monkeypatch
     assert gm.budget(w, 800 * MiB) == 776 * MiB and w.calls == [1]
     assert w.cudagraph_memory_estimate == 24 * MiB
     assert (w.available_kv_cache_memory_bytes, w.peak_activation_memory) == (776 * MiB, 124 * MiB)
+    assert w.kv_budget_before_graphs == 800 * MiB
     monkeypatch.setattr(envs, "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", False)
     w = _worker(24 * MiB)
     assert gm.budget(w, 800 * MiB) == 800 * MiB and w.cudagraph_memory_estimate == 24 * MiB

@@ -43,8 +43,11 @@ def soc(monkeypatch):
     return use
 
 
-def test_int8_matmul_weights_are_nz_on_a2_and_a3_only():
+def test_int8_matmul_weights_are_nz_on_a2_and_a3_only_unless_turned_off():
     assert [quantized_weight_format(f) for f in ("A2", "A3", "A5", "310P")] == [NZ, NZ, ND, ND]
+    assert {quantized_weight_format(f, "off") for f in ("A2", "A3", "A5")} == {ND}
+    with pytest.raises(ValueError, match="weight_nz='on'"):
+        quantized_weight_format("A2", "on")
 
 
 def test_a_cast_is_a_new_tensor_with_the_same_values_and_a_second_cast_is_none():
@@ -99,6 +102,7 @@ def test_w8a8_experts_take_the_family_format_after_the_transpose(soc, name):
                 torch.zeros(*shape[:2], 1), requires_grad=False))
     method = object.__new__(AscendW8A8FusedMoEMethod)      # only the weight hook is exercised
     method.prefix, method.dummy = "m.experts", False
+    method.weight_format = quantized_weight_format(from_name(name).family)
     method.process_weights_after_loading(layer)
     for stem in ("w13", "w2"):
         w = getattr(layer, f"{stem}_weight")
@@ -136,8 +140,9 @@ def test_sfa_prolog_keeps_one_copy_of_each_w8a8_weight(soc, name):
     assert all(npu_format(t) == NZ for t in prolog)
     for t, (_, values) in zip(prolog, originals):
         assert torch.equal(t, values)
-    if FAMILIES[name] == NZ:   # the linear's weight is the prolog's: shared, nothing freed
+    if FAMILIES[name] == NZ:   # the linear's weight is the prolog's: shared and kept
         assert all(t is param for t, (param, _) in zip(prolog, originals))
+        assert all(lin.weight is t for lin, t in zip(linears, prolog))
         assert w.fallback_bytes_freed == 0
     else:                      # 950: the prolog's NZ copy; the ND original released
         assert all(t.data_ptr() != param.data_ptr() for t, (param, _) in zip(prolog, originals))
@@ -175,3 +180,15 @@ def test_contract_gives_an_nz_x2_to_a2_and_a3_only(contract, name):
         with pytest.raises(ContractViolation, match=r"npu_quant_matmul: argument x2: x2 is "
                                                     r"FRACTAL_NZ on A5.*仅支持如下产品"):
             call(w)
+
+
+def test_weight_nz_off_keeps_int8_weights_nd_on_a2(soc):
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    soc("ascend910b2")
+    off = VllmConfig(additional_config={"ascend_ext": {"weight_nz": "off"}})
+    with set_current_vllm_config(off):
+        layer = _w8a8_linear("m.proj", 16, 12, 0)
+    assert npu_format(layer.weight) == ND
+    with set_current_vllm_config(VllmConfig()):
+        assert npu_format(_w8a8_linear("m.proj", 16, 12, 0).weight) == NZ

@@ -28,6 +28,7 @@ from vllm_ascend_ext.ops.format import (
     format_name,
     npu_format,
 )
+from vllm_ascend_ext.quantization.weight_format import NZ_FAMILIES
 
 F16, BF16, F32, I8, I32, I64 = (torch.float16, torch.bfloat16, torch.float32, torch.int8,
                                 torch.int32, torch.int64)
@@ -263,7 +264,7 @@ def _output_dtype(call: Call) -> str | None:
 
 def _x2_nz_family(call: Call) -> str | None:
     t = tensor(call, "x2")
-    if t is not None and npu_format(t) == ACL_FORMAT_FRACTAL_NZ and call.family not in ("A2", "A3"):
+    if t is not None and npu_format(t) == ACL_FORMAT_FRACTAL_NZ and call.family not in NZ_FAMILIES:
         return (f"x2 is FRACTAL_NZ on {call.family}; the documentation gives the NZ weight "
                 "(k, n, not transposed) for A2/A3 only: keep it ND there")
     return None

@@ -249,8 +249,9 @@ class AscendDeepseekV32ForCausalLM(nn.Module):
         # vLLM's loader has already called each SfaLayer's own hook (attention layers).
         freed = sum(layer.weights.fallback_bytes_freed for layer in self.sfa_layers())
         if any(layer.route.dispose_fallback for layer in self.sfa_layers()):
-            logger.info("ascend_ext SFA: native-chain weights of the fused-prolog layers "
-                        "disposed: %.2f MiB freed", freed / 2**20)
+            logger.info("ascend_ext SFA: native-chain weights of the fused-prolog layers: "
+                        "%.2f MiB disposed%s", freed / 2**20,
+                        "" if freed else " (the prolog shares the linears' NZ weights)")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         stacked = [(".gate_up_proj.", ".gate_proj.", 0), (".gate_up_proj.", ".up_proj.", 1),

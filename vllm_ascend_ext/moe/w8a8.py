@@ -42,6 +42,7 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
     def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
                        params_dtype, **extra_weight_attrs):
         self.plan = layer_routing_plan(layer)
+        self.weight_format = current_quantized_weight_format()   # while the model is built
         inter = intermediate_size_per_partition
         shapes = {"w13": (num_experts, 2 * inter, hidden_size),
                   "w2": (num_experts, hidden_size, inter)}
@@ -68,9 +69,8 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
             scale = getattr(layer, f"{stem}_weight_scale")
             scale.data = scale.data[..., 0].float().contiguous()       # [E, N]
         transpose_experts(layer, "w13_weight", "w2_weight")
-        fmt = current_quantized_weight_format()
         for name in ("w13_weight", "w2_weight"):
-            cast_parameter(layer, name, fmt)
+            cast_parameter(layer, name, self.weight_format)
 
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(layer, router_logits)

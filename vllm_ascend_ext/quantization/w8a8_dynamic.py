@@ -55,13 +55,15 @@ class W8A8DynamicLinearMethod(LinearMethodBase):
         layer.register_parameter("weight_scale", scale)
         layer.register_parameter("weight_offset", offset)
         layer.w8a8_output_sizes = list(output_partition_sizes)
+        # decided while the model is built (the SoC and the plugin's config are current)
+        self.weight_format = current_quantized_weight_format()
 
     def process_weights_after_loading(self, layer) -> None:
         if not self.dummy and torch.count_nonzero(layer.weight_offset.data).item():
             raise ValueError(f"{self.prefix}: W8A8_DYNAMIC weight_offset must be zero (symmetric)")
         w = layer.weight.data.t().contiguous()
         layer.weight = torch.nn.Parameter(w, requires_grad=False)
-        cast_parameter(layer, "weight", current_quantized_weight_format())
+        cast_parameter(layer, "weight", self.weight_format)
         layer.weight_scale = torch.nn.Parameter(
             layer.weight_scale.data.reshape(-1).float().contiguous(), requires_grad=False)
         del layer.weight_offset

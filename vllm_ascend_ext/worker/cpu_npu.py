@@ -143,16 +143,18 @@ class Memory:
 
 
 class OffsetGenerator(torch.Generator):
-    """A CPU generator with an NPU generator's offset, as far as vLLM's runner uses it.
+    """A CPU generator with an NPU generator's offset, as far as the runner uses it.
 
-    NPU generators (Philox, like CUDA's) count draws in an offset; vLLM's GPU runner
-    rewinds a request's generator by one draw (``set_offset(get_offset() - 4)``) when it
-    discards the sample of a partial prefill. CPU generators (Mersenne Twister) have no
-    offset (stock vLLM on a CPU fails there). This one keeps its state at ``checkpoint()``
-    (before each sampling step) and counts one draw; rewinding by that draw restores the
-    state. Any other offset is refused: the stand-in models no more than vLLM uses."""
+    NPU generators (Philox) have an offset; CPU ones (Mersenne Twister) have none, and
+    stock vLLM on a CPU fails where its runner rewinds a discarded partial prefill's draw.
+    Here ``get_offset()`` keeps the generator's state under a new offset (4 past the last
+    one) and ``set_offset(k)`` restores the state kept under ``k``: the NPU runner reads
+    the offsets before sampling and vLLM's ``get_offset() - 4`` names that same reading,
+    so both rewinds land on the state before the step's draws. An offset never read is
+    refused: the stand-in models no more than the runner uses."""
 
-    DRAW = 4
+    STEP = 4
+    KEPT = 8
 
     def __new__(cls, source: torch.Generator):
         return super().__new__(cls, device="cpu")
@@ -160,35 +162,33 @@ class OffsetGenerator(torch.Generator):
     def __init__(self, source: torch.Generator) -> None:
         self.set_state(source.get_state())
         self._offset = 0
-        self._saved: torch.Tensor | None = None
-
-    def checkpoint(self) -> None:
-        self._saved = self.get_state()
-        self._offset += self.DRAW
+        self._states: dict[int, torch.Tensor] = {}
 
     def get_offset(self) -> int:
+        self._offset += self.STEP
+        self._states[self._offset] = self.get_state()
+        for old in [k for k in self._states if k <= self._offset - self.STEP * self.KEPT]:
+            del self._states[old]
         return self._offset
 
     def set_offset(self, offset: int) -> OffsetGenerator:
-        if self._saved is None or offset != self._offset - self.DRAW:
+        if offset not in self._states:
             raise RuntimeError(
-                f"the stand-in's generator rewinds one draw since the last sampling step "
-                f"only (offset {self._offset} -> {offset})")
-        self.set_state(self._saved)
-        self._offset, self._saved = offset, None
+                f"the stand-in's generator restores offsets it was read at only "
+                f"(asked {offset}, read: {sorted(self._states)})")
+        self.set_state(self._states[offset])
         return self
 
 
 def offset_generators(generators: dict, requests: dict, req_ids: list) -> None:
     """Before a sampling step: the batch's seeded generators as ``OffsetGenerator`` (the
-    request's own record too, so a resumed request keeps it), each checkpointed."""
+    request's own record too, so a resumed request keeps it)."""
     for index, gen in list(generators.items()):
         if not isinstance(gen, OffsetGenerator):
             gen = generators[index] = OffsetGenerator(gen)
             state = requests.get(req_ids[index]) if index < len(req_ids) else None
             if state is not None:
                 state.generator = gen
-        gen.checkpoint()
 
 
 def make_runtime() -> types.ModuleType:

@@ -12,7 +12,8 @@ cannot be:
 * the runner's host copies of step results go through ``tolist`` (vLLM's CPU runner
   does the same: a CPU build has no pinned memory to copy into);
 * seeded requests' generators get the offset an NPU generator has
-  (``cpu_npu.OffsetGenerator``): vLLM rewinds a discarded partial prefill's draw by it.
+  (``cpu_npu.OffsetGenerator``): the runner rewinds a discarded partial prefill's draws
+  by it (``worker/seeded_draws.py``).
 
 Everything else — input preparation, the metadata builders, graph capture and replay with
 the FIA graph-task update before each replay, the kernel substitutes, block zeroing —

@@ -71,8 +71,9 @@ def budget(worker, available: int) -> int:
     enabled = bool(envs.VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS)
     result = apply_estimate(available, getattr(worker, "peak_activation_memory", 0), estimate,
                             enabled=enabled)
-    worker.available_kv_cache_memory_bytes = (
-        getattr(worker, "available_kv_cache_memory_bytes", available) - result.applied)
+    before = getattr(worker, "available_kv_cache_memory_bytes", available)
+    worker.kv_budget_before_graphs = before
+    worker.available_kv_cache_memory_bytes = before - result.applied
     worker.peak_activation_memory = result.peak_activation
     logger.info("ascend_ext: decode graphs estimated at %.2f MiB, %s the KV cache budget "
                 "(now %.2f GiB)", estimate / 2**20,

@@ -9,7 +9,9 @@ views of vLLM's blocks (``attention/kv_layout.py``) and SFA's three caches are s
 cache layers, so no NPU kernel needs a layout vLLM does not give.
 
 What it changes: new KV blocks of hybrid models are zeroed by slicing
-(``worker/kv_zeroing.py``) instead of vLLM's Triton zeroing kernel; vLLM's runner wraps
+(``worker/kv_zeroing.py``) instead of vLLM's Triton zeroing kernel; a seeded request
+whose partial-prefill sample is discarded gets its generator's offset back exactly
+(``worker/seeded_draws.py``); vLLM's runner wraps
 the model for FULL graphs in ``CUDAGraphWrapper`` itself (not through the platform's
 wrapper class); ``load_model`` re-wraps that model in ``AscendNPUGraphWrapper``, which
 updates FIA's graph tasks before every replay.
@@ -21,6 +23,7 @@ from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.config import CUDAGraphMode
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from vllm_ascend_ext.worker import seeded_draws
 from vllm_ascend_ext.worker.kv_zeroing import zero_blocks
 from vllm_ascend_ext.worker.npu_graph import AscendNPUGraphWrapper
 
@@ -31,6 +34,17 @@ class AscendNPUModelRunner(GPUModelRunner):
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
         self.model = npu_full_graph_wrapper(self.model, self.vllm_config)
+
+    def sample_tokens(self, grammar_output):
+        # Seeded requests whose sample vLLM discards get their generator back exactly
+        # (worker/seeded_draws.py); vLLM's own rewind assumes CUDA's Philox step.
+        stepped = self.execute_model_state is not None
+        before = seeded_draws.offsets(self.input_batch.generators) if stepped else {}
+        output = super().sample_tokens(grammar_output)
+        if before:
+            seeded_draws.restore(self.input_batch.generators, before,
+                                 self.discard_request_mask.np[:self.input_batch.num_reqs])
+        return output
 
     def _init_kv_zero_meta(self) -> None:
         # vLLM's zeroer precomputes raw addresses for its Triton kernel; not used here.

@@ -79,10 +79,11 @@ def prepare(proj: SfaProjections, *, heads: int, nope_dim: int, v_dim: int, rout
         quantized = is_w8a8(proj.q_a_proj)
         prolog = PrologWeights(w_dq, w_uq, w_kv, quantized, s_dq, s_uq, s_kv)
         if dispose_fallback:
-            keep = {p.data_ptr() for p in (w_dq, w_uq, w_kv)}
+            shared = {p.data_ptr() for p in (w_dq, w_uq, w_kv)}
             for name in PROLOG_SOURCES:
                 lin = getattr(proj, name)
-                if lin.weight.data_ptr() not in keep:
-                    freed += lin.weight.numel() * lin.weight.element_size()
+                if lin.weight.data_ptr() in shared:     # the prolog's own weight: kept
+                    continue
+                freed += lin.weight.numel() * lin.weight.element_size()
                 lin.weight = torch.nn.Parameter(lin.weight.new_empty(0), requires_grad=False)
     return SfaWeights(w_uk, w_uv, prolog, freed)
