@@ -38,9 +38,7 @@ def _run(script: str, args: tuple, env: dict[str, str], timeout: int) -> tuple[i
     imported vLLM already (``zygote.py``), or in a fresh interpreter with E2E_ZYGOTE=0."""
     cwd = str(REPO / "tests")
     if os.environ.get("E2E_ZYGOTE", "1") == "0":
-        proc = subprocess.run([sys.executable, str(HERE / script), *args], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=timeout)
-        return proc.returncode, proc.stdout, proc.stderr
+        return _fresh(script, args, env, cwd, timeout)
     import tempfile
 
     from tests.e2e import zygote
@@ -50,13 +48,23 @@ def _run(script: str, args: tuple, env: dict[str, str], timeout: int) -> tuple[i
         _ZYGOTES[k] = zygote.Zygote({**env, "PYTHONPATH": _pythonpath()}, cwd)
     with tempfile.TemporaryDirectory() as tmp:
         out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
-        rc, timed_out = _ZYGOTES[k].run(str(HERE / script), list(args), env, cwd, out, err,
-                                        timeout)
+        try:
+            rc, timed_out = _ZYGOTES[k].run(str(HERE / script), list(args), env, cwd, out,
+                                            err, timeout)
+        except zygote.ZygoteRefused:
+            return _fresh(script, args, env, cwd, timeout)
         with open(out) as f_out, open(err) as f_err:
             stdout, stderr = f_out.read(), f_err.read()
     if timed_out:
         raise subprocess.TimeoutExpired([script, *args], timeout, stdout, stderr)
     return rc, stdout, stderr
+
+
+def _fresh(script: str, args: tuple, env: dict[str, str], cwd: str,
+           timeout: int) -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, str(HERE / script), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def _pythonpath() -> str:

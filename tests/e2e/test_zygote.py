@@ -35,3 +35,17 @@ def test_a_run_past_its_timeout_is_killed_alone():
     with pytest.raises(subprocess.TimeoutExpired):
         run_script("zygote_probe.py", "--sleep", "60", emulate=True, timeout=2)
     assert run_script("zygote_probe.py", emulate=True)["seen"] is None
+
+
+def test_a_zygote_with_a_thread_refuses_to_fork_and_the_run_falls_back(tmp_path):
+    from tests.e2e import zygote
+    from tests.e2e.conftest import child_env
+
+    env = child_env(True, E2E_ZYGOTE_TEST_THREAD="1")
+    z = zygote.Zygote(env, str(REPO / "tests"))
+    try:
+        with pytest.raises(zygote.ZygoteRefused, match="has threads"):
+            z.run(str(REPO / "tests/e2e/zygote_probe.py"), [], env, str(REPO / "tests"),
+                  str(tmp_path / "out"), str(tmp_path / "err"), 60)
+    finally:
+        z.close()

@@ -13,7 +13,7 @@ engine), and a crash, a timeout or a signal ends only that child. Output goes to
 caller reads, as from a subprocess; the child runs the interpreter's exit handlers
 (``atexit``, ``weakref.finalize``: shutdown log lines) before it exits. The zygote refuses
 to fork once a thread other than its main one exists (a forked child would inherit a
-lock held by it).
+lock held by it): the run then falls back to a fresh interpreter.
 
 ``E2E_ZYGOTE=0`` runs every script in a fresh interpreter instead (``conftest.run_script``).
 
@@ -42,6 +42,10 @@ def key(env: dict[str, str]) -> tuple:
     return tuple((name, env.get(name)) for name in PLATFORM_ENV)
 
 
+class ZygoteRefused(RuntimeError):
+    """The zygote cannot fork safely (it has threads): run the script in a fresh process."""
+
+
 class Zygote:
     """Client side: one zygote process for one platform environment."""
 
@@ -64,8 +68,11 @@ class Zygote:
         for line in self.proc.stdout:
             if line.startswith(TAG):
                 answer = json.loads(line[len(TAG):])
-                if answer["id"] == self.next_id:      # an earlier, abandoned run's answer
-                    return answer["rc"], answer["timed_out"]
+                if answer["id"] != self.next_id:      # an earlier, abandoned run's answer
+                    continue
+                if "refused" in answer:
+                    raise ZygoteRefused(answer["refused"])
+                return answer["rc"], answer["timed_out"]
         with open(self.log.name, errors="replace") as f:
             tail = f.read()[-4000:]
         raise RuntimeError(f"the zygote for {script} exited (rc={self.proc.wait()}):\n{tail}")
@@ -142,12 +149,16 @@ def serve() -> None:
 
     import vllm_ascend_ext  # noqa: F401
 
+    if os.environ.get("E2E_ZYGOTE_TEST_THREAD") == "1":   # tests: a zygote that has a thread
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
     channel = sys.stdout
     for line in sys.stdin:
         req = json.loads(line)
-        if threading.active_count() != 1:
-            raise RuntimeError(f"the zygote has threads {threading.enumerate()}: forking "
-                               "would copy their locks, held")
+        if threading.active_count() != 1:      # forking would copy their locks, held
+            refused = f"the zygote has threads {threading.enumerate()}"
+            channel.write(TAG + json.dumps({"id": req["id"], "refused": refused}) + "\n")
+            channel.flush()
+            continue
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
