@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vllm_ascend_ext.contract import docs, harness, metas, mode, op_rules, schemas
-from vllm_ascend_ext.contract.harness import ContractViolation, Harness
+from vllm_ascend_ext.contract.harness import ContractViolation
 from vllm_ascend_ext.errors import AscendExtError
 from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
 from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, npu_format, npu_format_cast
@@ -21,20 +21,6 @@ from vllm_ascend_ext.ops.quant import npu_dynamic_quant, npu_quant_matmul
 from vllm_ascend_ext.platform.soc import from_name
 
 NB, NKV, BS, D, NQ = 8, 2, 128, 64, 4
-
-
-@pytest.fixture
-def contract(monkeypatch):
-    """Contract mode on, with a fresh harness pretending the chip asked for."""
-    monkeypatch.setenv(mode.ENV, "1")
-
-    def use(soc: str = "ascend910b2") -> Harness:
-        h = Harness(from_name(soc))
-        monkeypatch.setattr(mode, "_HARNESS", [h])
-        return h
-
-    use()
-    return use
 
 
 def _fia(query=None, key=None, value=None, **over):

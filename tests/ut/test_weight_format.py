@@ -11,8 +11,7 @@ from vllm.platforms import current_platform
 
 from vllm_ascend_ext.attention.sfa.projections import SfaProjections
 from vllm_ascend_ext.attention.sfa.weights import prepare
-from vllm_ascend_ext.contract import mode
-from vllm_ascend_ext.contract.harness import ContractViolation, Harness
+from vllm_ascend_ext.contract.harness import ContractViolation
 from vllm_ascend_ext.moe.w8a8 import AscendW8A8FusedMoEMethod
 from vllm_ascend_ext.ops.format import (
     ACL_FORMAT_FRACTAL_NZ,
@@ -151,17 +150,6 @@ def test_sfa_prolog_keeps_one_copy_of_each_w8a8_weight(soc, name):
     resident = {t.data_ptr() for t in prolog} | {lin.weight.data_ptr() for lin in linears
                                                  if lin.weight.numel()}
     assert len(resident) == 3                       # never an ND copy beside an NZ one
-
-
-@pytest.fixture
-def contract(monkeypatch):
-    monkeypatch.setenv(mode.ENV, "1")
-
-    def use(name: str) -> Harness:
-        h = Harness(from_name(name))
-        monkeypatch.setattr(mode, "_HARNESS", [h])
-        return h
-    return use
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

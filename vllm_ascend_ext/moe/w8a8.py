@@ -7,8 +7,9 @@ processed). vLLM's MoE weight loader fills the fused ``w13``/``w2`` parameters a
 parameters marked per-channel, their scales and offsets. Activations are quantized per
 row at run time (``npu_dynamic_quant``) and each grouped matmul applies both scales
 (``experts.routed_experts_w8a8``). After loading the experts are ``[E, K, N]``, cast to
-FRACTAL_NZ on A2/A3 (``quantization/weight_format.py``). Chosen by ``AscendExtQuantConfig`` for a MoE layer whose
-experts the description lists as W8A8_DYNAMIC; routing is the same as the float method's.
+FRACTAL_NZ on A2/A3 (``quantization/weight_format.py``). Chosen by
+``AscendExtQuantConfig`` for a MoE layer whose experts the description lists as
+W8A8_DYNAMIC; routing is the same as the float method's.
 """
 
 from __future__ import annotations

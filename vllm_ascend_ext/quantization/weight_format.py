@@ -14,6 +14,7 @@ torch_npu release that mishandles them, as vllm-ascend's ``VLLM_ASCEND_ENABLE_NZ
 
 from __future__ import annotations
 
+from vllm_ascend_ext.config import WEIGHT_NZ_CHOICES
 from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_ND
 
 NZ_FAMILIES = ("A2", "A3")
@@ -22,8 +23,8 @@ NZ_FAMILIES = ("A2", "A3")
 def quantized_weight_format(family: str, setting: str = "auto") -> int:
     """ACL format of int8 matmul weights on ``family`` (FRACTAL_NZ on A2/A3, else ND;
     ND everywhere with ``setting="off"``)."""
-    if setting not in ("auto", "off"):
-        raise ValueError(f"weight_nz={setting!r} not in ('auto', 'off')")
+    if setting not in WEIGHT_NZ_CHOICES:
+        raise ValueError(f"weight_nz={setting!r} not in {WEIGHT_NZ_CHOICES}")
     return ACL_FORMAT_FRACTAL_NZ if setting == "auto" and family in NZ_FAMILIES else ACL_FORMAT_ND
 
 
