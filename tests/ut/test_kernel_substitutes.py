@@ -41,7 +41,7 @@ def test_the_npu_serves_ngram_speculation_and_refuses_drafter_methods():
     from types import SimpleNamespace
 
     from vllm_ascend_ext.errors import AscendExtError
-    from vllm_ascend_ext.platform.npu import (
+    from vllm_ascend_ext.platform.config_hooks import (
         exact_host_lists_with_speculation,
         refuse_speculation_without_substitutes,
     )

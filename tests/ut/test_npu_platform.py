@@ -11,14 +11,13 @@ from vllm.config import CUDAGraphMode
 from vllm.utils.import_utils import resolve_obj_by_qualname
 
 from vllm_ascend_ext.errors import AscendExtError
-from vllm_ascend_ext.platform import graph_mode, npu
-from vllm_ascend_ext.platform.graph_mode import (
-    apply_graph_mode,
-    decide_graph_mode,
+from vllm_ascend_ext.platform import npu
+from vllm_ascend_ext.platform.graph_mode import apply_graph_mode, decide_graph_mode
+from vllm_ascend_ext.platform.npu import (
+    AscendNPUPlatform,
     refuse_unsupported_parallelism,
     use_v1_runner,
 )
-from vllm_ascend_ext.platform.npu import AscendNPUPlatform
 from vllm_ascend_ext.worker.npu_graph import AscendNPUGraphWrapper
 from vllm_ascend_ext.worker.npu_worker import AscendNPUWorker
 
@@ -73,16 +72,16 @@ def test_tensor_or_pipeline_parallel_runs_are_eager():
 
 
 def test_the_engine_runs_the_v1_runner_and_refuses_a_forced_v2(monkeypatch):
-    monkeypatch.delenv(graph_mode.V2_ENV, raising=False)
+    monkeypatch.delenv(npu.V2_ENV, raising=False)
     config = SimpleNamespace(use_v2_model_runner=False)
     use_v1_runner(config)
     import os
 
-    assert os.environ[graph_mode.V2_ENV] == "0"
-    monkeypatch.setenv(graph_mode.V2_ENV, "1")
+    assert os.environ[npu.V2_ENV] == "0"
+    monkeypatch.setenv(npu.V2_ENV, "1")
     with pytest.raises(AscendExtError, match="VLLM_USE_V2_MODEL_RUNNER=1"):
         use_v1_runner(config)
-    monkeypatch.setenv(graph_mode.V2_ENV, "0")
+    monkeypatch.setenv(npu.V2_ENV, "0")
     with pytest.raises(AscendExtError, match="HiSparse"):
         use_v1_runner(SimpleNamespace(use_v2_model_runner=True))
 
@@ -140,7 +139,7 @@ def test_check_and_update_config_on_a_real_config(monkeypatch):
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend910b2")
     monkeypatch.delenv(npu.SPAWN_ENV, raising=False)
     monkeypatch.setattr(AscendNPUPlatform, "check_stack", classmethod(lambda cls: None))
-    monkeypatch.delenv(graph_mode.V2_ENV, raising=False)
+    monkeypatch.delenv(npu.V2_ENV, raising=False)
     AscendNPUPlatform.check_and_update_config(config)
     assert config.use_v2_model_runner is False
     assert config.parallel_config.worker_cls == npu.WORKER_CLS

@@ -1,4 +1,7 @@
-"""Config checks and defaults both platforms run in ``check_and_update_config`` (idempotent)."""
+"""The steps both platforms run at start-up, in the order ``platform/startup.py`` runs
+them: parsing, refusals, defaults. Each is idempotent and callable on its own; a step that
+needs the model's facts takes the start's (``platform/facts.py``) instead of reading them
+again."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from vllm.logger import init_logger
 
 from vllm_ascend_ext.config import AscendExtConfig, get_config
 from vllm_ascend_ext.errors import AscendExtError
+from vllm_ascend_ext.platform.facts import ModelFacts, facts_of
 
 logger = init_logger("vllm.ascend_ext")
 
@@ -16,15 +20,6 @@ logger = init_logger("vllm.ascend_ext")
 def validate_plugin_config(vllm_config) -> AscendExtConfig:
     """Parse ``additional_config["ascend_ext"]``; raises before the engine starts."""
     return get_config(vllm_config)
-
-
-def is_sparse_mla_model(model_config) -> bool:
-    """DeepSeek-V3.2 / GLM-5 style: MLA with a lightning indexer (``index_topk``)."""
-    if model_config is None or not getattr(model_config, "use_mla", False):
-        return False
-    # The text config, where vLLM reads use_mla from (a wrapper config nests it).
-    text = getattr(model_config, "hf_text_config", None) or model_config.hf_config
-    return hasattr(text, "index_topk")
 
 
 def apply_quant_description(vllm_config) -> None:
@@ -46,19 +41,6 @@ def apply_quant_description(vllm_config) -> None:
     mc.quantization = METHOD_NAME
     vllm_config.quant_config = get_quant_config(mc, vllm_config.load_config)
     logger.info("ascend_ext: %s found; quantization method %r selected", path, METHOD_NAME)
-
-
-def sfa_block_size(cache_config) -> None:
-    """Block size the SFA kernels take: a multiple of 16 (default 128)."""
-    from vllm_ascend_ext.attention.sfa.backend import BLOCK_SIZE_ALIGN, DEFAULT_BLOCK_SIZE
-
-    if not cache_config.user_specified_block_size:
-        cache_config.block_size = DEFAULT_BLOCK_SIZE
-    elif cache_config.block_size % BLOCK_SIZE_ALIGN:
-        raise AscendExtError(
-            f"ascend_ext SFA backend: block_size={cache_config.block_size} is not a multiple "
-            f"of {BLOCK_SIZE_ALIGN} (the indexer / sparse-attention kernels' requirement)"
-        )
 
 
 def refuse_expert_parallel(vllm_config) -> None:
@@ -95,7 +77,61 @@ def refuse_data_parallel_moe(vllm_config) -> None:
             "server per replica")
 
 
-def hybrid_prefix_caching_off(vllm_config) -> str | None:
+def refuse_sfa_block_size(cache_config) -> None:
+    """A block size the user chose for an SFA model: a multiple of 16, as the indexer and
+    sparse-attention kernels take it. Read before any platform set-up (vLLM's CPU platform
+    replaces an MLA model's block size with its own CPU kernel's 16)."""
+    from vllm_ascend_ext.attention.sfa.backend import BLOCK_SIZE_ALIGN
+
+    if cache_config.user_specified_block_size and cache_config.block_size % BLOCK_SIZE_ALIGN:
+        raise AscendExtError(
+            f"ascend_ext SFA backend: block_size={cache_config.block_size} is not a multiple "
+            f"of {BLOCK_SIZE_ALIGN} (the indexer / sparse-attention kernels' requirement)"
+        )
+
+
+SPECULATION_SERVED = ("ngram",)
+
+
+def refuse_speculation_without_substitutes(spec) -> None:
+    """Speculative decoding on the NPU engine (an NPU, or its CPU stand-in): ngram, whose
+    proposer runs on the host and whose rejection sampler runs on the plugin's kernel
+    substitutes (``worker/kernel_substitutes.py``). Drafter-based methods (EAGLE, MTP,
+    DFlash, a draft model) launch vLLM's drafter Triton kernels, which have no NPU
+    substitute yet: refused before the engine starts instead of failing on the first
+    speculative step."""
+    if spec is None:
+        return
+    method = getattr(spec, "method", None) or "speculative decoding"
+    if method in SPECULATION_SERVED:
+        return
+    raise AscendExtError(
+        f"--speculative-config (method {method!r}): on the Ascend NPU platform vLLM's "
+        "drafter kernels for this method are Triton kernels with no NPU substitute yet; "
+        f"serve with method {' or '.join(map(repr, SPECULATION_SERVED))} or without "
+        "speculative decoding")
+
+
+def sfa_block_size(cache_config) -> None:
+    """An SFA model's block size when the user named none: the SFA kernels' default (128)."""
+    from vllm_ascend_ext.attention.sfa.backend import DEFAULT_BLOCK_SIZE
+
+    if not cache_config.user_specified_block_size:
+        cache_config.block_size = DEFAULT_BLOCK_SIZE
+
+
+def exact_host_lists_with_speculation(vllm_config) -> None:
+    """Under async scheduling with speculation vLLM's ``seq_lens_cpu_upper_bound`` is only
+    a bound, and FIA's host lists must be exact: async scheduling goes off (vLLM's CPU
+    platform, under the emulated one, turns it off for every model)."""
+    sched = vllm_config.scheduler_config
+    if vllm_config.speculative_config is not None and sched.async_scheduling:
+        sched.async_scheduling = False
+        logger.info("ascend_ext: async scheduling off with speculative decoding (FIA takes "
+                    "exact per-request lengths from the host)")
+
+
+def hybrid_prefix_caching_off(vllm_config, facts: ModelFacts | None = None) -> str | None:
     """Hybrid (Gated-DeltaNet) models: prefix caching off, with the reason (or None).
 
     vLLM turns prefix caching into its "align" state-cache mode for hybrid models: the
@@ -106,7 +142,7 @@ def hybrid_prefix_caching_off(vllm_config) -> str | None:
     aligned (``update_block_size_for_backend``), so the "none" mode's sizes apply.
     """
     model, cache = vllm_config.model_config, vllm_config.cache_config
-    if model is None or not getattr(model, "is_hybrid", False):
+    if not facts_of(vllm_config, facts).hybrid:
         return None
     if not cache.enable_prefix_caching and cache.mamba_cache_mode == "none":
         return None

@@ -7,7 +7,9 @@ plugin's NPU worker and NPU model runner on a CPU stand-in of the NPU device run
 platform captures them (``platform/graph_mode.py``); ``ASCEND_EXT_EMULATED_WORKER=cpu``
 takes vLLM's CPU worker instead (``worker/emulated.py``). The attention backends are the
 plugin's, calling the reference operators. With no KV-cache size given it picks one that
-fits (``platform/kv_budget.py``) instead of vLLM's CPU default of 92% of RAM.
+fits (``platform/kv_budget.py``) instead of vLLM's CPU default of 92% of RAM. Its start-up
+is the NPU platform's policy (``platform/startup.py``), vLLM's CPU platform running as
+emulation's own set-up.
 """
 
 from __future__ import annotations
@@ -19,20 +21,11 @@ from vllm.platforms.cpu import CpuPlatform
 from vllm_ascend_ext import envs
 from vllm_ascend_ext.contract import mode as contract_mode
 from vllm_ascend_ext.contract.oracle import VERSION as ORACLE_VERSION
-from vllm_ascend_ext.platform import kv_budget
+from vllm_ascend_ext.platform import kv_budget, startup
 from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.allocator import keep_large_blocks_in_heap
-from vllm_ascend_ext.platform.config_hooks import (
-    apply_quant_description,
-    compile_cache_that_loads,
-    hybrid_prefix_caching_off,
-    is_sparse_mla_model,
-    refuse_data_parallel_moe,
-    refuse_expert_parallel,
-    sfa_block_size,
-    validate_plugin_config,
-)
-from vllm_ascend_ext.platform.selection import preflight, select_attention_backend
+from vllm_ascend_ext.platform.config_hooks import compile_cache_that_loads
+from vllm_ascend_ext.platform.selection import select_attention_backend
 
 logger = init_logger("vllm.ascend_ext")
 
@@ -40,26 +33,6 @@ PLATFORM_NAME = "ascend_ext-emulated"
 WORKER_CLS = "vllm_ascend_ext.worker.emulated_npu.EmulatedNPUWorker"
 NPU_GRAPH_WRAPPER_CLS = "vllm_ascend_ext.worker.npu_graph.AscendNPUGraphWrapper"
 CPU_WORKER_CLS = "vllm_ascend_ext.worker.emulated.EmulatedAscendWorker"
-
-
-def emulated_graph_mode(vllm_config, capture_sizes: list[int]) -> None:
-    """The NPU platform's graph decision (``platform/graph_mode.py``) on the emulated NPU
-    engine path, with the capture sizes vLLM chose (its CPU platform clears them). The
-    stand-in records graphs at the dispatcher, so a model that captures graphs compiles
-    with Dynamo's eager backend (inductor's CPU kernels would not be seen)."""
-    from vllm.config import CompilationMode, CUDAGraphMode
-
-    from vllm_ascend_ext.platform.graph_mode import apply_graph_mode
-
-    comp = vllm_config.compilation_config
-    mode, _ = apply_graph_mode(vllm_config, sparse=is_sparse_mla_model(vllm_config.model_config))
-    if mode == CUDAGraphMode.NONE:
-        return
-    comp.cudagraph_capture_sizes = capture_sizes
-    if comp.mode != CompilationMode.NONE and comp.backend != "eager":
-        logger.info_once("ascend_ext: decode graphs on the CPU stand-in are recorded at the "
-                         "dispatcher: the model compiles with Dynamo's eager backend")
-        comp.backend = "eager"
 
 
 class EmulatedAscendPlatform(CpuPlatform):
@@ -114,22 +87,32 @@ class EmulatedAscendPlatform(CpuPlatform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
-        validate_plugin_config(vllm_config)
-        cls.soc()  # a bad ASCEND_EXT_SOC fails here, before the engine starts
-        if contract_mode.enabled():  # a bad ASCEND_EXT_NPU_CONTRACT fails here too
+        # The NPU platform's policy (platform/startup.py) with emulation's own steps beside it.
+        startup.run(vllm_config, startup.Side(PLATFORM_NAME, check=cls._check,
+                                              setup=cls._setup, finish=cls._finish))
+
+    @classmethod
+    def _check(cls, vllm_config) -> tuple[soc_table.Soc, bool]:
+        """The chip to emulate, contract mode and the worker, each from the environment: a
+        bad value fails here, before the engine starts. The NPU engine unless
+        ``ASCEND_EXT_EMULATED_WORKER=cpu``."""
+        soc = cls.soc()
+        if contract_mode.enabled():
             if vllm_config.model_config is not None:
                 contract_mode.require_npu_dtype(vllm_config.model_config.dtype)
             logger.info_once("ascend_ext: NPU contract mode: every torch_npu call is checked "
-                             "against torch-npu %s (pretending %s)", ORACLE_VERSION,
-                             cls.soc().name)
-        apply_quant_description(vllm_config)
-        refuse_expert_parallel(vllm_config)
-        refuse_data_parallel_moe(vllm_config)
+                             "against torch-npu %s (pretending %s)", ORACLE_VERSION, soc.name)
+        return soc, envs.emulated_worker() == "npu"
+
+    @classmethod
+    def _setup(cls, start: startup.Start) -> None:
+        """The worker, the KV-cache size, then vLLM's CPU platform; what it changes for its
+        own kernels that the plugin's replace is put back."""
+        vllm_config = start.vllm_config
         sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
         parallel = vllm_config.parallel_config
-        npu_path = envs.emulated_worker() == "npu"
         if parallel.worker_cls == "auto":
-            parallel.worker_cls = WORKER_CLS if npu_path else CPU_WORKER_CLS
+            parallel.worker_cls = WORKER_CLS if start.npu_engine else CPU_WORKER_CLS
         budget = kv_budget.apply(vllm_config, psutil.virtual_memory().available)
         if budget is not None:
             logger.info(
@@ -142,13 +125,11 @@ class EmulatedAscendPlatform(CpuPlatform):
                 sched.max_num_batched_tokens)
         capture_sizes = list(vllm_config.compilation_config.cudagraph_capture_sizes or [])
         super().check_and_update_config(vllm_config)
-        if npu_path:
-            from vllm_ascend_ext.platform.npu import refuse_speculation_without_substitutes
-
-            # what the NPU platform serves: ngram (drafters' kernels have no substitute)
-            refuse_speculation_without_substitutes(vllm_config.speculative_config)
-            emulated_graph_mode(vllm_config, capture_sizes)
-        if is_sparse_mla_model(vllm_config.model_config):
+        if start.npu_engine:
+            # vLLM's CPU platform clears the capture sizes vLLM chose; the graph-mode
+            # default (platform/graph_mode.py) keeps them or clears them itself.
+            vllm_config.compilation_config.cudagraph_capture_sizes = capture_sizes
+        if start.facts.sparse_mla:
             # vLLM's CPU platform turns chunked prefill and prefix caching off for MLA
             # (its CPU MLA kernel); the SFA backend serves both, on its own block size.
             if kept != (sched.enable_chunked_prefill, cache.enable_prefix_caching,
@@ -161,11 +142,20 @@ class EmulatedAscendPlatform(CpuPlatform):
                     "on" if kept[0] else "off", "on" if kept[1] else "off")
             (sched.enable_chunked_prefill, cache.enable_prefix_caching,
              sched.max_num_batched_tokens) = kept
-            sfa_block_size(cache)
-        why = hybrid_prefix_caching_off(vllm_config)
-        if why:
-            logger.warning("ascend_ext: %s", why)
-        preflight(PLATFORM_NAME, cls.soc(), vllm_config)
+
+    @classmethod
+    def _finish(cls, start: startup.Start) -> None:
+        """Under decode graphs the model compiles with Dynamo's eager backend: the stand-in
+        records graphs at the dispatcher, where inductor's CPU kernels would not be seen.
+        Then the compile cache that loads."""
+        from vllm.config import CompilationMode, CUDAGraphMode
+
+        comp = start.vllm_config.compilation_config
+        if (start.npu_engine and comp.cudagraph_mode != CUDAGraphMode.NONE
+                and comp.mode != CompilationMode.NONE and comp.backend != "eager"):
+            logger.info_once("ascend_ext: decode graphs on the CPU stand-in are recorded at the "
+                             "dispatcher: the model compiles with Dynamo's eager backend")
+            comp.backend = "eager"
         why = compile_cache_that_loads()
         if why:
             logger.info_once("ascend_ext: %s", why)

@@ -1,4 +1,5 @@
-"""Which graphs the NPU platform captures, and why (pure decision + the config hook).
+"""Which graphs the NPU engine captures, and why: the pure decision, and the start-up
+default that applies it (``platform/startup.py``) on an NPU and on its CPU stand-in.
 
 * Decode-only steps replay captured NPU graphs (``FULL_DECODE_ONLY``): each FIA call in
   them is a graph task whose host lists the runner updates on every replay
@@ -20,8 +21,6 @@ from __future__ import annotations
 
 from vllm.config import CUDAGraphMode
 from vllm.logger import init_logger
-
-from vllm_ascend_ext.errors import AscendExtError
 
 logger = init_logger("vllm.ascend_ext")
 
@@ -55,7 +54,10 @@ def decide_graph_mode(requested: CUDAGraphMode, *, enforce_eager: bool, sparse: 
     return DECODE_GRAPHS, why
 
 
-def apply_graph_mode(vllm_config, *, sparse: bool) -> tuple[CUDAGraphMode, str]:
+def apply_graph_mode(vllm_config, *, sparse: bool,
+                     hybrid: bool = False) -> tuple[CUDAGraphMode, str]:
+    """Set ``cudagraph_mode`` to the decision (no capture sizes when eager); ``sparse`` and
+    ``hybrid``: the start's model facts."""
     comp = vllm_config.compilation_config
     model = vllm_config.model_config
     parallel = vllm_config.parallel_config
@@ -63,8 +65,7 @@ def apply_graph_mode(vllm_config, *, sparse: bool) -> tuple[CUDAGraphMode, str]:
              * getattr(parallel, "pipeline_parallel_size", 1))
     mode, why = decide_graph_mode(comp.cudagraph_mode,
                                   enforce_eager=bool(model and model.enforce_eager),
-                                  sparse=sparse, parallel_ranks=ranks,
-                                  hybrid=bool(model and getattr(model, "is_hybrid", False)))
+                                  sparse=sparse, parallel_ranks=ranks, hybrid=hybrid)
     if mode != comp.cudagraph_mode:
         logger.info("ascend_ext: cudagraph_mode %s -> %s: %s", comp.cudagraph_mode.name,
                     mode.name, why)
@@ -73,33 +74,3 @@ def apply_graph_mode(vllm_config, *, sparse: bool) -> tuple[CUDAGraphMode, str]:
         comp.cudagraph_capture_sizes = []
         comp.max_cudagraph_capture_size = 0
     return mode, why
-
-
-def refuse_unsupported_parallelism(vllm_config) -> None:
-    """Options whose vLLM implementation is CUDA-only, refused before serving starts."""
-    parallel = vllm_config.parallel_config
-    if getattr(parallel, "enable_dbo", False):
-        raise AscendExtError(
-            "--enable-dbo (dual-batch overlap) drives CUDA streams and cuBLAS handles "
-            "directly; it is not available on the Ascend NPU platform")
-
-
-V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-
-
-def use_v1_runner(vllm_config) -> None:
-    """The whole engine (scheduler and workers) on vLLM's V1 model runner, which the NPU
-    worker builds: vLLM picks V2 wherever Triton is usable (triton-ascend included) and
-    its scheduler formats its output for the runner it picked. Set before the engine
-    starts (the engine core and workers inherit it); refused where V2 is required."""
-    import os
-
-    if os.environ.get(V2_ENV, "").strip().lower() in ("1", "true"):
-        raise AscendExtError(
-            f"{V2_ENV}=1: the NPU worker runs vLLM's V1 model runner (the plugin's metadata "
-            f"builders are V1); unset {V2_ENV}")
-    os.environ[V2_ENV] = "0"
-    if vllm_config.use_v2_model_runner:
-        raise AscendExtError(
-            "this configuration needs vLLM's Model Runner V2 (HiSparse attention or "
-            "watermarking), which the NPU platform does not run")

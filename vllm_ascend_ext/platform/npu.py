@@ -17,23 +17,9 @@ from vllm.platforms.interface import Platform, PlatformEnum
 from vllm_ascend_ext import envs
 from vllm_ascend_ext.contract import mode as contract_mode
 from vllm_ascend_ext.errors import AscendExtError
-from vllm_ascend_ext.platform import npu_host, versions
+from vllm_ascend_ext.platform import npu_host, startup, versions
 from vllm_ascend_ext.platform import soc as soc_table
-from vllm_ascend_ext.platform.config_hooks import (
-    apply_quant_description,
-    hybrid_prefix_caching_off,
-    is_sparse_mla_model,
-    refuse_data_parallel_moe,
-    refuse_expert_parallel,
-    sfa_block_size,
-    validate_plugin_config,
-)
-from vllm_ascend_ext.platform.graph_mode import (
-    apply_graph_mode,
-    refuse_unsupported_parallelism,
-    use_v1_runner,
-)
-from vllm_ascend_ext.platform.selection import preflight, select_attention_backend
+from vllm_ascend_ext.platform.selection import select_attention_backend
 
 logger = init_logger("vllm.ascend_ext")
 
@@ -46,37 +32,6 @@ GRAPH_WRAPPER_CLS = "vllm_ascend_ext.worker.npu_graph.AscendNPUGraphWrapper"
 SPAWN_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
-SPECULATION_SERVED = ("ngram",)
-
-
-def refuse_speculation_without_substitutes(spec) -> None:
-    """Speculative decoding on the NPU: ngram, whose proposer runs on the host and whose
-    rejection sampler runs on the plugin's kernel substitutes
-    (``worker/kernel_substitutes.py``). Drafter-based methods (EAGLE, MTP, DFlash, a draft
-    model) launch vLLM's drafter Triton kernels, which have no NPU substitute yet: refused
-    before the engine starts instead of failing on the first speculative step."""
-    if spec is None:
-        return
-    method = getattr(spec, "method", None) or "speculative decoding"
-    if method in SPECULATION_SERVED:
-        return
-    raise AscendExtError(
-        f"--speculative-config (method {method!r}): on the Ascend NPU platform vLLM's "
-        "drafter kernels for this method are Triton kernels with no NPU substitute yet; "
-        f"serve with method {' or '.join(map(repr, SPECULATION_SERVED))} or without "
-        "speculative decoding")
-
-
-def exact_host_lists_with_speculation(vllm_config) -> None:
-    """Under async scheduling with speculation vLLM's ``seq_lens_cpu_upper_bound`` is only
-    a bound, and FIA's host lists must be exact: async scheduling goes off."""
-    sched = vllm_config.scheduler_config
-    if vllm_config.speculative_config is not None and sched.async_scheduling:
-        sched.async_scheduling = False
-        logger.info("ascend_ext: async scheduling off with speculative decoding (FIA takes "
-                    "exact per-request lengths from the host)")
-
-
 def use_spawn() -> None:
     """Workers start by spawn: this process imported torch_npu (the platform probe), and
     the NPU runtime does not survive a fork. vLLM forces spawn itself only for CUDA and
@@ -84,6 +39,35 @@ def use_spawn() -> None:
     if os.environ.get(SPAWN_ENV) is None:
         os.environ[SPAWN_ENV] = "spawn"
         logger.info("ascend_ext: %s=spawn (NPU workers are spawned, never forked)", SPAWN_ENV)
+
+
+def refuse_unsupported_parallelism(vllm_config) -> None:
+    """Options whose vLLM implementation is CUDA-only, refused before serving starts (the
+    emulated platform leaves them to vLLM's CPU platform, which turns them off)."""
+    parallel = vllm_config.parallel_config
+    if getattr(parallel, "enable_dbo", False):
+        raise AscendExtError(
+            "--enable-dbo (dual-batch overlap) drives CUDA streams and cuBLAS handles "
+            "directly; it is not available on the Ascend NPU platform")
+
+
+V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def use_v1_runner(vllm_config) -> None:
+    """The whole engine (scheduler and workers) on vLLM's V1 model runner, which the NPU
+    worker builds: vLLM picks V2 wherever Triton is usable (triton-ascend included) and
+    its scheduler formats its output for the runner it picked. Set before the engine
+    starts (the engine core and workers inherit it); refused where V2 is required."""
+    if os.environ.get(V2_ENV, "").strip().lower() in ("1", "true"):
+        raise AscendExtError(
+            f"{V2_ENV}=1: the NPU worker runs vLLM's V1 model runner (the plugin's metadata "
+            f"builders are V1); unset {V2_ENV}")
+    os.environ[V2_ENV] = "0"
+    if vllm_config.use_v2_model_runner:
+        raise AscendExtError(
+            "this configuration needs vLLM's Model Runner V2 (HiSparse attention or "
+            "watermarking), which the NPU platform does not run")
 
 
 class AscendNPUPlatform(Platform):
@@ -212,34 +196,35 @@ class AscendNPUPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
-        validate_plugin_config(vllm_config)
+        # The shared policy (platform/startup.py) with the NPU's own steps beside it.
+        startup.run(vllm_config, startup.Side(PLATFORM_NAME, check=cls._check,
+                                              refuse=cls._refuse, setup=cls._setup))
+
+    @classmethod
+    def _check(cls, vllm_config) -> tuple[soc_table.Soc, bool]:
+        """Can the NPU platform start here: the chip it serves, on the NPU engine."""
         if contract_mode.enabled():
             raise AscendExtError(
                 f"{contract_mode.ENV}=1 is for the emulated platform (ASCEND_EXT_EMULATE=1): "
                 "on an NPU the operators themselves are the contract")
         cls.check_stack()
-        soc = soc_table.require_supported(cls.soc())
+        return soc_table.require_supported(cls.soc()), True
+
+    @classmethod
+    def _refuse(cls, start: startup.Start) -> None:
+        refuse_unsupported_parallelism(start.vllm_config)
+        use_v1_runner(start.vllm_config)  # its switch is an env var only the engine reads
+
+    @classmethod
+    def _setup(cls, start: startup.Start) -> None:
+        """What vLLM's own platforms set for themselves: spawned workers, the worker class,
+        a block size (the SFA default replaces it for an SFA model)."""
         use_spawn()
-        parallel = vllm_config.parallel_config
+        parallel, cache = start.vllm_config.parallel_config, start.vllm_config.cache_config
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_CLS
-        apply_quant_description(vllm_config)
-        refuse_expert_parallel(vllm_config)
-        refuse_data_parallel_moe(vllm_config)
-        why = hybrid_prefix_caching_off(vllm_config)
-        if why:
-            logger.warning("ascend_ext: %s", why)
-        apply_graph_mode(vllm_config, sparse=is_sparse_mla_model(vllm_config.model_config))
-        refuse_unsupported_parallelism(vllm_config)
-        use_v1_runner(vllm_config)
-        cache = vllm_config.cache_config
-        if is_sparse_mla_model(vllm_config.model_config):
-            sfa_block_size(cache)
-        elif not cache.user_specified_block_size:
+        if not cache.user_specified_block_size:
             cache.block_size = 128
-        refuse_speculation_without_substitutes(vllm_config.speculative_config)
-        exact_host_lists_with_speculation(vllm_config)
-        preflight(PLATFORM_NAME, soc, vllm_config)
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from vllm.logger import init_logger
 
 from vllm_ascend_ext.errors import AscendExtError
+from vllm_ascend_ext.platform.facts import ModelFacts, facts_of
 from vllm_ascend_ext.platform.soc import Soc
 
 logger = init_logger("vllm.ascend_ext")
@@ -38,27 +39,10 @@ def select_attention_backend(platform_name: str, soc: Soc, selector_config,
     backend, path = ((AscendSFABackend, SFA_BACKEND_PATH) if cfg.use_mla
                      else (AscendFIABackend, FIA_BACKEND_PATH))
     name = backend.get_name()
-    reasons = backend.validate_configuration(
-        head_size=cfg.head_size,
-        dtype=cfg.dtype,
-        kv_cache_dtype=cfg.kv_cache_dtype,
-        block_size=cfg.block_size,
-        use_mla=cfg.use_mla,
-        has_sink=cfg.has_sink,
-        use_sparse=cfg.use_sparse,
-        use_mm_prefix=cfg.use_mm_prefix,
-        use_per_head_quant_scales=cfg.use_per_head_quant_scales,
-        device_capability=device_capability,
-        attn_type=cfg.attn_type,
-        has_sliding_window=cfg.has_sliding_window,
-        use_non_causal=cfg.use_non_causal,
-        use_batch_invariant=cfg.use_batch_invariant,
-        use_kv_connector=cfg.use_kv_connector,
-        use_pcp=cfg.use_pcp,
-        use_adaptive_verification=cfg.use_adaptive_verification,
-        use_dcp=cfg.use_dcp,
-        use_rswa=cfg.use_rswa,
-    )
+    # vLLM's selector config, whole: its fields are validate_configuration's keywords (as
+    # vLLM's CUDA platform passes them), so a field vLLM adds reaches the backend too.
+    reasons = backend.validate_configuration(device_capability=device_capability,
+                                             **cfg._asdict())
     if reasons:
         raise UnsupportedAttentionError(
             f"ascend_ext ({platform_name}): backend {name} cannot serve this "
@@ -97,7 +81,7 @@ def what_it_serves(backend) -> str:
     return "; ".join(parts)
 
 
-def preflight(platform_name: str, soc: Soc, vllm_config) -> None:
+def preflight(platform_name: str, soc: Soc, vllm_config, facts: ModelFacts | None = None) -> None:
     """Check the model's attention against the backend before the engine starts.
 
     Model-wide facts only (MLA/sparse, head size, dtype, KV-cache dtype, block size,
@@ -105,24 +89,24 @@ def preflight(platform_name: str, soc: Soc, vllm_config) -> None:
     one line from the config step, instead of from deep inside the engine process.
     Per-layer facts the config does not settle (sinks, sliding windows: some configs
     carry a window they do not use, encoder layers) are checked when each layer asks.
+    ``facts``: the start's (``platform/facts.py``); the model's own when not given.
     """
     from vllm import envs
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-    from vllm_ascend_ext.platform.config_hooks import is_sparse_mla_model
-
     mc, cache = vllm_config.model_config, vllm_config.cache_config
-    if mc is None or mc.is_attention_free:
+    facts = facts_of(vllm_config, facts)
+    if not facts.present or facts.attention_free:
         return
     kv_transfer = vllm_config.kv_transfer_config
     parallel = vllm_config.parallel_config
     config = AttentionSelectorConfig(
-        head_size=mc.get_head_size(),
+        head_size=facts.head_size,
         dtype=mc.dtype,
         kv_cache_dtype=cache.cache_dtype,
         block_size=cache.block_size if cache.user_specified_block_size else None,
-        use_mla=mc.use_mla,
-        use_sparse=is_sparse_mla_model(mc),
+        use_mla=facts.use_mla,
+        use_sparse=facts.sparse_mla,
         use_non_causal=vllm_config.attention_config.use_non_causal,
         use_batch_invariant=envs.VLLM_BATCH_INVARIANT,
         use_kv_connector=kv_transfer is not None and kv_transfer.is_kv_transfer_instance,
@@ -131,18 +115,18 @@ def preflight(platform_name: str, soc: Soc, vllm_config) -> None:
     )
     select_attention_backend(platform_name, soc, config, log=False)
     if not config.use_mla:
-        refuse_tnd_head_dims(platform_name, mc, parallel)
+        refuse_tnd_head_dims(platform_name, mc, parallel, facts.head_size)
 
 
-def refuse_tnd_head_dims(platform_name: str, model_config, parallel_config) -> None:
+def refuse_tnd_head_dims(platform_name: str, model_config, parallel_config,
+                         head_size: int) -> None:
     """FIA's TND layout takes head sizes above 192 only for GQA on each rank (its
     split-fuse path; ``ops/fia_checks.py``): refused before the engine starts."""
     from vllm_ascend_ext.ops.fia_checks import tnd_head_dims_refusal
 
     heads = model_config.get_num_attention_heads(parallel_config)
     kv_heads = model_config.get_num_kv_heads(parallel_config)
-    d = model_config.get_head_size()
-    why = tnd_head_dims_refusal(d, d, heads, kv_heads)
+    why = tnd_head_dims_refusal(head_size, head_size, heads, kv_heads)
     if why:
         tp = parallel_config.tensor_parallel_size
         raise UnsupportedAttentionError(

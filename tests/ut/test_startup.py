@@ -1,0 +1,255 @@
+"""The start-up policy (platform/startup.py): one order of steps on both platforms, the
+model's facts read once per start, vLLM's selector config passed to the backend whole."""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.config import CUDAGraphMode
+from vllm.v1.attention.selector import AttentionSelectorConfig
+
+from vllm_ascend_ext.errors import AscendExtError
+from vllm_ascend_ext.platform import facts, startup
+from vllm_ascend_ext.platform.emulated import EmulatedAscendPlatform
+from vllm_ascend_ext.platform.npu import AscendNPUPlatform
+from vllm_ascend_ext.platform.soc import from_name
+
+MODELS = Path(__file__).resolve().parents[2] / "vllm_ascend_ext" / "models"
+
+HEAD = ["parse: ascend_ext options", "platform: check", "parse: model facts",
+        "parse: quantization description", "refuse: expert parallelism",
+        "refuse: data parallelism with MoE", "platform: refuse"]
+TAIL = ["default: exact host lists", "preflight", "platform: finish"]
+# The whole sequence of one start, for a standard decoder, an SFA and a hybrid model.
+EXPECTED = {
+    "tiny_qwen3": HEAD + ["refuse: drafter speculation", "platform: setup",
+                          "default: hybrid prefix caching", "default: graph mode"] + TAIL,
+    "tiny_dsa": HEAD + ["refuse: SFA block size", "refuse: drafter speculation",
+                        "platform: setup", "default: hybrid prefix caching",
+                        "default: graph mode", "default: SFA block size"] + TAIL,
+    "tiny_qwen3_next": HEAD + ["refuse: drafter speculation", "platform: setup",
+                               "default: hybrid prefix caching", "default: graph mode"] + TAIL,
+}
+PHASES = ("parse", "refuse", "default", "preflight")
+
+
+@pytest.fixture
+def environ(monkeypatch):
+    """The platforms set variables for the engine they start: put back afterwards."""
+    saved = dict(os.environ)
+    for name in ("VLLM_WORKER_MULTIPROC_METHOD", "VLLM_USE_V2_MODEL_RUNNER",
+                 "ASCEND_EXT_NPU_CONTRACT", "ASCEND_EXT_EMULATED_WORKER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ASCEND_EXT_SOC", "ascend910b2")
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "0")
+    monkeypatch.setattr(AscendNPUPlatform, "check_stack", classmethod(lambda cls: None))
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _vllm_config(model: str, block_size: int | None = None):
+    """A real vLLM config as vLLM hands it to the platform hook (the process's own CPU
+    platform has already run on it while it was built)."""
+    from vllm.config import ModelConfig, VllmConfig
+
+    config = VllmConfig(model_config=ModelConfig(model=str(MODELS / model), dtype=torch.bfloat16,
+                                                 skip_tokenizer_init=True))
+    config.parallel_config.worker_cls = "auto"
+    comp = config.compilation_config
+    comp.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    comp.cudagraph_capture_sizes, comp.max_cudagraph_capture_size = [1, 2, 4], 4
+    config.cache_config.user_specified_block_size = block_size is not None
+    if block_size is not None:
+        config.cache_config.block_size = block_size
+    return config
+
+
+def _start(platform, config, monkeypatch) -> tuple[list[str], collections.Counter]:
+    """Run the platform's check_and_update_config; the steps it ran and how often the
+    model's facts were computed."""
+    trace: list[str] = []
+    calls: collections.Counter = collections.Counter()
+    run, model_facts, sparse = startup.run, facts.model_facts, facts.is_sparse_mla_model
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    with monkeypatch.context() as m:
+        m.setattr(startup, "run", lambda cfg, side: run(cfg, side, on_step=trace.append))
+        m.setattr(facts, "model_facts", counted("model_facts", model_facts))
+        m.setattr(facts, "is_sparse_mla_model", counted("is_sparse_mla_model", sparse))
+        platform.check_and_update_config(config)
+    return trace, calls
+
+
+@pytest.mark.parametrize("model", sorted(EXPECTED))
+def test_both_platforms_run_one_sequence_and_read_the_model_once(model, environ, monkeypatch):
+    npu_trace, npu_calls = _start(AscendNPUPlatform, _vllm_config(model), monkeypatch)
+    emu_trace, emu_calls = _start(EmulatedAscendPlatform, _vllm_config(model), monkeypatch)
+    assert npu_trace == emu_trace == EXPECTED[model]
+    once = collections.Counter(model_facts=1, is_sparse_mla_model=1)
+    assert npu_calls == once and emu_calls == once
+
+
+def test_the_shared_steps_follow_parse_refusals_defaults_preflight():
+    for trace in EXPECTED.values():
+        shared = [name.split(":")[0] for name in trace if not name.startswith("platform")]
+        assert shared == sorted(shared, key=PHASES.index), shared
+        # the platform's own steps sit at their places between the phases
+        assert trace.index("platform: check") < trace.index("parse: model facts")
+        last_refusal = max(i for i, n in enumerate(trace) if n.startswith("refuse"))
+        assert last_refusal < trace.index("platform: setup") < trace.index("default: graph mode")
+        assert trace[-1] == "platform: finish"
+
+
+def test_an_sfa_block_size_is_refused_alike_on_both_platforms(environ, monkeypatch):
+    # The emulated platform reads the user's block size before vLLM's CPU platform
+    # replaces an MLA model's with 16 (it served 24 as 16 before).
+    for platform in (AscendNPUPlatform, EmulatedAscendPlatform):
+        with pytest.raises(AscendExtError, match="block_size=24 is not a multiple of 16"):
+            platform.check_and_update_config(_vllm_config("tiny_dsa", block_size=24))
+
+
+def test_an_sfa_model_keeps_what_vllms_cpu_platform_turns_off_for_its_mla_kernel(
+        environ, monkeypatch):
+    config = _vllm_config("tiny_dsa")
+    config.scheduler_config.enable_chunked_prefill = True
+    config.cache_config.enable_prefix_caching = True
+    EmulatedAscendPlatform.check_and_update_config(config)
+    assert config.scheduler_config.enable_chunked_prefill
+    assert config.cache_config.enable_prefix_caching
+    assert config.cache_config.block_size == 128
+    assert config.compilation_config.cudagraph_mode == CUDAGraphMode.NONE  # SFA: eager
+
+
+def test_emulated_decode_graphs_keep_vllms_capture_sizes_and_compile_eager(environ, monkeypatch):
+    config = _vllm_config("tiny_qwen3")
+    EmulatedAscendPlatform.check_and_update_config(config)
+    comp = config.compilation_config
+    assert comp.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    assert comp.cudagraph_capture_sizes == [1, 2, 4] and comp.backend == "eager"
+
+
+# Engine-free: the policy with a platform side that records, on a config without a model.
+
+def _bare_config(**parallel):
+    parallel = {"enable_expert_parallel": False, "enable_eplb": False,
+                "data_parallel_size": 1, "tensor_parallel_size": 1,
+                "pipeline_parallel_size": 1, **parallel}
+    return SimpleNamespace(
+        additional_config=None, model_config=None, speculative_config=None,
+        parallel_config=SimpleNamespace(**parallel),
+        scheduler_config=SimpleNamespace(async_scheduling=True),
+        cache_config=SimpleNamespace(user_specified_block_size=False, block_size=16),
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL,
+                                           cudagraph_capture_sizes=[1],
+                                           max_cudagraph_capture_size=1))
+
+
+def _recording_side(log: list[str], npu_engine: bool = True) -> startup.Side:
+    def hook(name):
+        return lambda start: log.append(f"side {name}")
+
+    def check(vllm_config):
+        log.append("side check")
+        return from_name("ascend910b2"), npu_engine
+
+    return startup.Side("t", check=check, refuse=hook("refuse"), setup=hook("setup"),
+                        finish=hook("finish"))
+
+
+def test_the_policy_calls_the_platform_at_its_places_without_an_engine():
+    log: list[str] = []
+    config = _bare_config()
+    start = startup.run(config, _recording_side(log), on_step=log.append)
+    assert [n for n in log if n.startswith("side")] == [
+        "side check", "side refuse", "side setup", "side finish"]
+    assert log.index("side refuse") == log.index("platform: refuse") + 1
+    assert log.index("side setup") == log.index("platform: setup") + 1
+    assert start.facts == facts.NO_MODEL and start.npu_engine
+    assert config.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+
+
+def test_a_refused_config_gets_no_platform_setup():
+    log: list[str] = []
+    with pytest.raises(AscendExtError, match="--enable-expert-parallel"):
+        startup.run(_bare_config(enable_expert_parallel=True), _recording_side(log))
+    assert log == ["side check"]
+
+
+def test_the_cpu_worker_path_skips_the_npu_engines_steps():
+    log: list[str] = []
+    config = _bare_config()
+    startup.run(config, _recording_side(log, npu_engine=False), on_step=log.append)
+    assert "default: graph mode" not in log and "refuse: drafter speculation" not in log
+    assert config.compilation_config.cudagraph_mode == CUDAGraphMode.FULL  # untouched
+
+
+def test_model_facts():
+    assert facts.model_facts(None) == facts.NO_MODEL
+    text = SimpleNamespace(index_topk=8)
+    mc = SimpleNamespace(use_mla=True, hf_config=text, hf_text_config=text,
+                         is_attention_free=False, is_hybrid=False, get_head_size=lambda: 576)
+    got = facts.model_facts(mc)
+    assert got == facts.ModelFacts(present=True, use_mla=True, sparse_mla=True, head_size=576)
+    with pytest.raises(AttributeError):
+        got.hybrid = True  # frozen: one value for the whole start
+    free = SimpleNamespace(use_mla=False, is_attention_free=True, is_hybrid=True)
+    assert facts.model_facts(free) == facts.ModelFacts(present=True, attention_free=True,
+                                                       hybrid=True)
+
+
+# vLLM's selector config reaches the backend whole.
+
+def _recorded_validation(monkeypatch, selector_config) -> dict:
+    from vllm_ascend_ext.attention.fia.backend import AscendFIABackend
+    from vllm_ascend_ext.platform.selection import FIA_BACKEND_PATH, select_attention_backend
+
+    seen: dict = {}
+
+    def validate(cls, **kwargs):
+        seen.update(kwargs)
+        return []
+
+    monkeypatch.setattr(AscendFIABackend, "validate_configuration", classmethod(validate))
+    assert select_attention_backend("t", from_name("a2"), selector_config,
+                                    log=False) == FIA_BACKEND_PATH
+    return seen
+
+
+def _selector(cls=AttentionSelectorConfig, **extra):
+    base = AttentionSelectorConfig(head_size=64, dtype=torch.bfloat16, kv_cache_dtype="auto",
+                                   block_size=128)
+    return cls(**base._asdict(), **extra)
+
+
+def test_a_field_vllm_adds_to_the_selector_config_reaches_the_backend(monkeypatch):
+    Future = collections.namedtuple("Future", AttentionSelectorConfig._fields + ("use_new",))
+    seen = _recorded_validation(monkeypatch, _selector(Future, use_new=True))
+    assert seen["use_new"] is True
+    assert set(seen) == set(Future._fields) | {"device_capability"}
+    # negative control: vLLM's own selector config carries no such field
+    seen = _recorded_validation(monkeypatch, _selector())
+    assert "use_new" not in seen and set(seen) == set(AttentionSelectorConfig._fields) | {
+        "device_capability"}
+
+
+def test_the_backends_validation_takes_exactly_the_selector_configs_fields():
+    # What makes passing the config whole sound: vLLM keeps the two in step (its CUDA
+    # platform passes **attn_selector_config._asdict() the same way).
+    from vllm_ascend_ext.attention.fia.backend import AscendFIABackend
+    from vllm_ascend_ext.attention.sfa.backend import AscendSFABackend
+
+    for backend in (AscendFIABackend, AscendSFABackend):
+        params = set(inspect.signature(backend.validate_configuration).parameters)
+        assert params == set(AttentionSelectorConfig._fields) | {"device_capability"}
