@@ -1,4 +1,5 @@
-"""README.md's fenced blocks, their tags and expected outputs (used by tests/ut and tests/e2e).
+"""The fenced blocks of README.md and docs/*.md, their tags and expected outputs (used by
+tests/ut and tests/e2e).
 
 Every shell block starts with a tag line (see TAGS). A ``text`` block introduced by a
 line ending in ``prints:`` (or ``prints, as its last line:``) is the expected output of
@@ -12,7 +13,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DOCS = REPO / "docs"
 
 SETUP = "setup"        # verified against .ci/run; CI runs it
 TESTS = "tests"        # the test command, verified against .ci/run; CI runs it
@@ -45,13 +48,36 @@ class Block:
     kind: str | None = None         # for shell blocks
     expected: list[str] = field(default_factory=list)  # lines of a following "prints:" block
     expected_last_line: bool = False
+    file: Path = README             # the file the block is in
 
     @property
     def command(self) -> str:
         return self.text
 
+    @property
+    def stem(self) -> str:
+        return self.file.stem
+
     def where(self) -> str:
-        return f"README.md line {self.line}"
+        return f"{relative(self.file)} line {self.line}"
+
+
+def relative(path: Path) -> str:
+    """``path`` as the repository names it (``README.md``, ``docs/fia.md``)."""
+    try:
+        return path.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def doc_files() -> list[Path]:
+    """README.md, then every ``docs/*.md`` in name order: the files whose blocks are tested."""
+    return [README] + sorted(DOCS.glob("*.md"))
+
+
+def all_docs_text() -> str:
+    """README.md and every ``docs/*.md``, concatenated (for tables that must appear somewhere)."""
+    return "\n".join(path.read_text() for path in doc_files())
 
 
 def _dedent(body: str, indent: str) -> str:
@@ -67,13 +93,14 @@ def kind_of(text: str) -> str | None:
     return None
 
 
-def parse(text: str | None = None) -> list[Block]:
-    text = README.read_text() if text is None else text
+def parse(text: str | None = None, path: Path = README) -> list[Block]:
+    """The blocks of ``text`` (default: the file at ``path``, README.md)."""
+    text = path.read_text() if text is None else text
     blocks: list[Block] = []
     for m in _FENCE.finditer(text):
         indent, language, body = m.group(1), m.group(2), m.group(3)
         line = text.count("\n", 0, m.start()) + 1
-        block = Block(line, language, _dedent(body, indent))
+        block = Block(line, language, _dedent(body, indent), file=path)
         if language in SHELL_LANGUAGES or language == "":
             block.kind = kind_of(block.text)
         intro = text[:m.start()].rstrip().splitlines()[-1] if m.start() else ""
@@ -83,6 +110,11 @@ def parse(text: str | None = None) -> list[Block]:
             shell[-1].expected_last_line = "last line" in intro
         blocks.append(block)
     return blocks
+
+
+def parse_all() -> list[Block]:
+    """The blocks of README.md and every ``docs/*.md``, file by file (see ``doc_files``)."""
+    return [block for path in doc_files() for block in parse(path=path)]
 
 
 def untagged(blocks: list[Block]) -> list[Block]:

@@ -1,9 +1,10 @@
-"""Every CPU command block of README.md, run as written (extracted from README itself).
+"""Every CPU command block of README.md and docs/*.md, run as written (extracted from the
+files themselves, ``tests/readme_blocks.py``).
 
 Blocks run from the repository root in a fresh ``bash -e -o pipefail``, with none of the
-plugin's variables and no ``VLLM_CPU_KVCACHE_SPACE`` in the environment (README must
-show everything a command needs). A server block runs in its own process group until
-the client blocks after it have run; then four streaming requests are started, and once
+plugin's variables and no ``VLLM_CPU_KVCACHE_SPACE`` in the environment (the documentation
+must show everything a command needs). A server block runs in its own process group until
+the client blocks after it in the same file have run; then four streaming requests are started, and once
 each has its first token the whole group gets SIGINT, as Ctrl-C in a terminal sends it:
 the server must drain them (every one finishes with all its tokens), log the plugin's
 end-of-run summary, print no traceback and no ERROR line, and exit 0.
@@ -30,19 +31,27 @@ from tests import readme_blocks as rb
 
 pytestmark = pytest.mark.e2e
 
-REPO = rb.README.parent
+REPO = rb.REPO
 BLOCK_TIMEOUT_S = 900
 SERVER_START_S = 300
 IN_FLIGHT, IN_FLIGHT_TOKENS = 4, 48
 
 
 def _steps() -> list[list[rb.Block]]:
+    """One step per RUN, FAILS or SERVER block of every file, a server's clients with it
+    (a client always follows its server in the same file: tests/ut/test_readme_ci.py)."""
     steps: list[list[rb.Block]] = []
-    for block in rb.parse():
-        if block.kind == rb.CLIENT:
-            steps[-1].append(block)
-        elif block.kind in (rb.RUN, rb.FAILS, rb.SERVER):
-            steps.append([block])
+    for path in rb.doc_files():
+        server: list[rb.Block] | None = None
+        for block in rb.parse(path=path):
+            if block.kind == rb.CLIENT:
+                assert server is not None, f"{block.where()}: client block without a server above"
+                server.append(block)
+            elif block.kind in (rb.RUN, rb.FAILS, rb.SERVER):
+                steps.append([block])
+                server = steps[-1] if block.kind == rb.SERVER else None
+            elif block.kind is not None:
+                server = None
     return steps
 
 
@@ -185,7 +194,7 @@ STEPS = _steps()
 
 
 @pytest.mark.parametrize("step", STEPS, ids=[
-    f"line{s[0].line}-{s[0].kind}-" + re.sub(r"\W+", "_", s[0].text.splitlines()[1])[:48]
+    f"{s[0].stem}-line{s[0].line}-{s[0].kind}-" + re.sub(r"\W+", "_", s[0].text.splitlines()[1])[:48]
     for s in STEPS])
 def test_readme_cpu_command(step):
     block = step[0]

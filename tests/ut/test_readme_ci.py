@@ -1,8 +1,10 @@
-"""README.md's structure: tagged command blocks, the set-up that .ci/run runs, tables that
-mirror the code. Executing the CPU blocks: tests/e2e/test_readme_commands.py."""
+"""The documentation's structure (README.md and docs/*.md): tagged command blocks, the
+set-up that .ci/run runs, tables that mirror the code, links that resolve, a README short
+enough to be a front door. Executing the CPU blocks: tests/e2e/test_readme_commands.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests import readme_blocks as rb
@@ -13,25 +15,29 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_command_block_carries_a_tag():
-    blocks = rb.parse()
+    files = rb.doc_files()
+    assert files[0] == rb.README and len(files) > 1  # README, then docs/*.md
+    blocks = rb.parse_all()
     assert not [b.where() for b in rb.untagged(blocks)]
     kinds = [b.kind for b in blocks if b.kind]
     assert kinds.count(rb.SETUP) == 1 and rb.SERVER in kinds and rb.SKIP in kinds
-    # A client block needs a server block before it, with no other kind in between.
-    current = None
-    for b in blocks:
-        if b.kind == rb.SERVER:
-            current = b
-        elif b.kind == rb.CLIENT:
-            assert current is not None, f"{b.where()}: client block without a server above"
-        elif b.kind is not None:
-            current = None
+    # A client block needs a server block before it in the same file, with no other kind
+    # in between.
+    for path in files:
+        current = None
+        for b in rb.parse(path=path):
+            if b.kind == rb.SERVER:
+                current = b
+            elif b.kind == rb.CLIENT:
+                assert current is not None, f"{b.where()}: client block without a server above"
+            elif b.kind is not None:
+                current = None
 
 
 def test_ci_runs_exactly_readme_install_and_test_commands():
     def commands(kind):
-        blocks = [b for b in rb.parse() if b.kind == kind]
-        assert len(blocks) == 1, kind
+        blocks = [b for b in rb.parse_all() if b.kind == kind]
+        assert len(blocks) == 1 and blocks[0].file == rb.README, kind  # README's, verbatim
         return [ln for ln in blocks[0].text.splitlines() if ln.strip() and not ln.startswith("#")]
 
     # two steps: the install, then the tests
@@ -58,6 +64,9 @@ def test_the_block_parser_finds_tags_outputs_and_untagged_blocks():
     assert shell[3].expected_last_line
     assert rb.output_mismatch(shell[3], "log\nerror: x\n") is None
     assert rb.output_mismatch(shell[3], "error: x\nmore\n") is not None
+    assert shell[0].where() == "README.md line 1"
+    doc = rb.parse(text, path=rb.DOCS / "quickstart-cpu.md")
+    assert doc[0].where() == "docs/quickstart-cpu.md line 1" and doc[0].stem == "quickstart-cpu"
 
 
 def test_readme_config_table_matches_the_schema():
@@ -73,6 +82,88 @@ def test_readme_soc_table_is_every_soc_the_code_knows():
         assert f"| `{chip.name}` | {chip.family} | {chip.version} | {served} |" in text, chip
     for alias, name in soc.aliases().items():
         assert f"`{alias}`" in text and soc.from_name(alias).name == name
+
+
+README_MAX_LINES = 350
+
+
+def test_readme_is_a_front_door():
+    lines = (REPO / "README.md").read_text().count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move detail into docs/"
+    # Every docs page is reachable from README's reading list.
+    text = (REPO / "README.md").read_text()
+    for path in sorted((REPO / "docs").glob("*.md")):
+        assert f"](docs/{path.name})" in text, path.name
+
+
+def test_all_docs_text_holds_readme_and_every_docs_page():
+    text = rb.all_docs_text()
+    for path in rb.doc_files():
+        assert path.read_text() in text, path
+
+
+_CODE = re.compile(r"^( *)```.*?^\1```[ \t]*$", re.M | re.S)
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_HEADING = re.compile(r"^#{1,6} +(.+?) *#* *$", re.M)
+
+
+def _prose(text: str) -> str:
+    """``text`` with its fenced blocks blanked (line numbers kept)."""
+    return _CODE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens,
+    repeats numbered."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in _HEADING.findall(_prose(text)):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_anchor_rule_matches_github():
+    text = "# Quick start on an Atlas 800 / Ascend 950\n## Emulation kernels\n## `a_b` (c)\n## x\n## x\n"
+    assert _anchors(text) == {"quick-start-on-an-atlas-800--ascend-950", "emulation-kernels",
+                              "a_b-c", "x", "x-1"}
+    assert _anchors("```bash\n# runs on CPU\n```\n") == set()
+
+
+def test_every_relative_link_resolves():
+    bad = []
+    for path in rb.doc_files() + [REPO / "CHANGELOG.md"]:
+        text = path.read_text()
+        for m in _LINK.finditer(_prose(text)):
+            target = m.group(1)
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            where = f"{rb.relative(path)} line {text.count(chr(10), 0, m.start()) + 1}"
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path.resolve()
+            if not dest.is_relative_to(REPO) or not dest.exists():
+                bad.append(f"{where}: {target} (no such file in the repository)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text()):
+                bad.append(f"{where}: {target} (no such heading)")
+    assert not bad, "\n".join(bad)
+
+
+# Files outside the repository (the workspace's notes) must not be cited: the docs/ pages
+# carry what the code needs. (Spelt in pieces so that a grep for such citations does not
+# find this line.)
+_NOTES = "shared" + "/"
+_OUTSIDE = re.compile(rf"{_NOTES}npu-ops\.md|{_NOTES}prior-art\.md|\.\./{_NOTES}")
+
+
+def test_nothing_cites_files_outside_the_repository():
+    files = rb.doc_files() + [REPO / "CHANGELOG.md"]
+    files += sorted((REPO / "vllm_ascend_ext").rglob("*.py"))
+    files += [p for p in sorted((REPO / "csrc").rglob("*")) if p.suffix in (".cpp", ".h")]
+    hits = [f"{rb.relative(p)} line {i}: {line.strip()}" for p in files
+            for i, line in enumerate(p.read_text().splitlines(), 1) if _OUTSIDE.search(line)]
+    assert not hits, "\n".join(hits)
 
 
 _P = "(APIServer pid=7) "
