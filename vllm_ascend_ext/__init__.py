@@ -70,6 +70,7 @@ def register() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     from vllm_ascend_ext.attention.fia.backend import BACKEND_NAME as FIA
+    from vllm_ascend_ext.contract import mode as contract_mode
     from vllm_ascend_ext.attention.sfa.backend import BACKEND_NAME as SFA
     from vllm_ascend_ext.models import register_models
     from vllm_ascend_ext.moe.method import register as register_moe
@@ -81,6 +82,9 @@ def register() -> None:
             register_backend(name, path)
     register_quantization()
     register_models()
+    # Contract mode's torch_npu stand-in, in every process (a spawned worker included)
+    # before any operator runs; it raises on a bad ASCEND_EXT_NPU_CONTRACT value.
+    contract_mode.enabled()
     register_moe()
     from vllm_ascend_ext.attention.gdn.layer import register as register_gdn
 

@@ -63,6 +63,21 @@ def python_reference_forced() -> bool:
     return _flag(PY_REFERENCE)
 
 
+NPU_CONTRACT = "ASCEND_EXT_NPU_CONTRACT"
+
+
+def npu_contract() -> bool:
+    """True when ``ASCEND_EXT_NPU_CONTRACT=1`` asks for contract mode: every torch_npu
+    call site of the emulated platform runs against the contract harness
+    (``contract/mode.py``). Only ``0`` and ``1`` are taken."""
+    raw = os.environ.get(NPU_CONTRACT, "").strip()
+    if raw in ("", "0"):
+        return False
+    if raw == "1":
+        return True
+    raise AscendExtError(f"{NPU_CONTRACT}={raw!r}: expected 0 or 1")
+
+
 EMULATED_WORKER = "ASCEND_EXT_EMULATED_WORKER"
 EMULATED_WORKERS = ("npu", "cpu")
 

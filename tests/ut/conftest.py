@@ -18,6 +18,7 @@ def contract(monkeypatch):
     def use(soc: str = "ascend910b2") -> Harness:
         h = Harness(from_name(soc))
         monkeypatch.setattr(mode, "_HARNESS", [h])
+        mode.install()   # what enabled() does: the harness stands in for torch_npu
         return h
 
     use()

@@ -44,6 +44,7 @@ def test_parity_case_meets_the_contract(monkeypatch, module, test, kwargs):
     monkeypatch.setenv(mode.ENV, "1")
     harness = Harness(from_name("ascend910b2"))
     monkeypatch.setattr(mode, "_HARNESS", [harness])
+    mode.install()
     monkeypatch.setattr(npu_parity, "_npu", lambda t: t)
     test(**kwargs)
     assert harness.violations == 0
@@ -64,6 +65,7 @@ def test_doctor_smoke_runs_one_case_per_operator_dry(monkeypatch):
     monkeypatch.setenv(mode.ENV, "1")
     harness = Harness(from_name("ascend910b2"))
     monkeypatch.setattr(mode, "_HARNESS", [harness])
+    mode.install()
     monkeypatch.setattr(npu_parity, "_npu", lambda t: t)
     results = npu_parity.run_smoke()
     assert [r["case"] for r in results] == [

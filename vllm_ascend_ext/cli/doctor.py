@@ -50,6 +50,13 @@ def _extension() -> dict:
     return {"built": bool(ops), "ops": ops, "dispatch_keys": keys}
 
 
+def _operators() -> dict:
+    """Every operator the plugin calls, from its declaration (``ops/registry.py``)."""
+    from vllm_ascend_ext.ops import registry
+
+    return {"declared": registry.describe(), "layer_entries": registry.layer_entries()}
+
+
 def _oracle() -> dict:
     from vllm_ascend_ext.contract import oracle
 
@@ -195,6 +202,7 @@ def report(smoke: bool = False) -> tuple[dict, list[str]]:
                  "mode": mode, "emulate_requested": envs.emulate_requested()},
         "soc": _soc(problems),
         "extension": _extension(),
+        "operators": _operators(),
         "npu_platform": _npu_platform(),
         "contract_oracle": _oracle(),
         "operator_smoke": _smoke(smoke, problems),

@@ -10,11 +10,12 @@ arguments the NPU path passes. A call through it
     and dtypes (``torch.empty_strided``: ``.to("meta")`` would make a strided view
     contiguous and hide exactly what is looked for), pretending the harness's SoC and
     CANN version; a rejection is a violation carrying the official message;
-(c) checks the documented rules the metas do not (``op_rules.py``), the supported
-    products and contiguous in-place writes;
-(d) computes the values with the plugin's reference and checks that its outputs have
-    the official meta's shapes and dtypes (and are contiguous where the meta's are, as
-    the kernel's outputs are: code downstream may rely on it).
+(c) checks the documented rules the metas do not (``op_rules.py``, the group the
+    operator's record names), the supported products and contiguous in-place writes;
+(d) computes the values with the plugin's emulation of the operator (its record in
+    ``ops/registry.py``) and checks that its outputs have the official meta's shapes and
+    dtypes (and are contiguous where the meta's are, as the kernel's outputs are: code
+    downstream may rely on it).
 
 Any violation raises ``ContractViolation`` at once, naming the operator, the argument,
 the rule and its source. Calls are counted per operator for the summary line.
@@ -22,47 +23,21 @@ the rule and its source. Calls are counted per operator for the summary line.
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.logger import init_logger
 
 from vllm_ascend_ext.contract import docs, metas, op_rules, oracle, product_gaps, rules, schemas
 from vllm_ascend_ext.errors import AscendExtError
-from vllm_ascend_ext.platform.soc import Soc
+from vllm_ascend_ext.ops import registry
 
-# torch_npu operator -> the plugin's reference of the same signature.
-REFERENCES = {
-    "npu_fused_infer_attention_score": "vllm_ascend_ext.ops.fia:fia_emulated",
-    "npu_scatter_pa_kv_cache": "vllm_ascend_ext.ops.kv_cache:scatter_pa_kv_cache_emulated",
-    "npu_kv_rmsnorm_rope_cache":
-        "vllm_ascend_ext.ops.kv_rmsnorm_rope_cache:kv_rmsnorm_rope_cache_reference",
-    "npu_mla_prolog_v3": "vllm_ascend_ext.ops.mla_prolog:mla_prolog_v3_reference",
-    "npu_lightning_indexer": "vllm_ascend_ext.ops.lightning_indexer:lightning_indexer_reference",
-    "npu_sparse_flash_attention":
-        "vllm_ascend_ext.ops.sparse_flash_attention:sparse_flash_attention_reference",
-    "npu_interleave_rope": "vllm_ascend_ext.ops.rope:interleave_rope_reference",
-    "npu_rms_norm": "vllm_ascend_ext.ops.norm:rms_norm_reference",
-    "npu_dynamic_quant": "vllm_ascend_ext.ops.quant:dynamic_quant_reference",
-    "npu_quant_matmul": "vllm_ascend_ext.ops.quant:quant_matmul_reference",
-    "npu_format_cast": "vllm_ascend_ext.ops.format:format_cast_reference",
-    "npu_moe_gating_top_k": "vllm_ascend_ext.ops.moe_gating:gating_top_k_reference",
-    "npu_moe_gating_top_k_softmax":
-        "vllm_ascend_ext.ops.moe_gating:gating_top_k_softmax_reference",
-    "npu_moe_init_routing_v2": "vllm_ascend_ext.ops.moe_dispatch:init_routing_v2_reference",
-    "npu_moe_token_unpermute": "vllm_ascend_ext.ops.moe_dispatch:token_unpermute_reference",
-    "npu_grouped_matmul": "vllm_ascend_ext.ops.grouped_matmul:grouped_matmul_reference",
-    "npu_swiglu": "vllm_ascend_ext.ops.grouped_matmul:swiglu_reference",
-    "npu_recurrent_gated_delta_rule":
-        "vllm_ascend_ext.ops.gdn_recurrent:recurrent_gated_delta_rule_emulated",
-    "npu_chunk_gated_delta_rule": "vllm_ascend_ext.ops.gdn_chunk:chunk_gated_delta_rule_reference",
-}
-
+if TYPE_CHECKING:  # the contract takes a SoC; it never imports the platform
+    from vllm_ascend_ext.platform.soc import Soc
 
 logger = init_logger("vllm.ascend_ext")
 LOG_INTERVAL_S = 30.0  # the summary line, while calls are being validated
@@ -70,11 +45,6 @@ LOG_INTERVAL_S = 30.0  # the summary line, while calls are being validated
 
 class ContractViolation(AscendExtError):
     """A call the NPU would reject or compute differently from what the plugin expects."""
-
-
-def _reference(op: str):
-    module, _, name = REFERENCES[op].partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def _meta_copy(value: Any) -> Any:
@@ -135,7 +105,8 @@ class Harness:
         return metas.op(schema.name, schema.overload or "default")(*positional, **keywords)
 
     def call(self, op: str, args: Sequence[Any], kwargs: dict[str, Any]):
-        if op not in REFERENCES:
+        record = registry.TORCH_NPU_OPS.get(op)
+        if record is None:
             raise ContractViolation(f"{op}: the plugin has no reference for this operator, "
                                     "so contract mode cannot compute it")
         schema, schema_source = self._schema(op)
@@ -149,9 +120,9 @@ class Harness:
                                        f"{str(exc).strip().splitlines()[0]}")])
         call = rules.Call(op, bound.values, self.soc.name, self.soc.family,
                           tuple(p.name for p in schema.params if p.mutable))
-        problems = self._rule_problems(call)
+        problems = self._rule_problems(call, op_rules.rules_for(record))
         self._raise(op, problems)
-        outputs = _reference(op)(*args, **kwargs)
+        outputs = record.emulated(*args, **kwargs)
         self._check_outputs(op, official, outputs)
         with self._lock:
             self.calls[op] += 1
@@ -163,7 +134,8 @@ class Harness:
         return outputs
 
     # (c) ---------------------------------------------------------------------------------
-    def _rule_problems(self, call: rules.Call) -> list[tuple[str, str]]:
+    def _rule_problems(self, call: rules.Call,
+                       documented: Sequence[rules.Rule]) -> list[tuple[str, str]]:
         problems = []
         product = rules.products_problem(call)
         if product and product_gaps.route(call.op, call.family) is not None:
@@ -177,7 +149,7 @@ class Harness:
         for name, problem in rules.mutable_problems(call):
             problems.append((name, f"{problem}; written in place (Tensor(a!) in the schema), "
                                    "so it must be contiguous memory"))
-        for rule in op_rules.rules_for(call.op):
+        for rule in documented:
             problem = rule.check(call)
             if problem:
                 note = f"; {rule.note}" if rule.note else ""

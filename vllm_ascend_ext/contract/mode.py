@@ -2,28 +2,45 @@
 
 Every NPU operator call then takes its real torch_npu call site, the same function and
 keyword arguments the NPU path passes, into the process's one harness (pretending the
-emulated SoC), which validates it and computes it with the reference. The harness is
-created on first use and lives as long as the process (it owns the call counts that
-the summary line reports).
+emulated SoC), which validates it and computes it with the reference. The operators
+(``ops/_dispatch.py``) know nothing of it: ``enabled()``, asked by the platform's config
+check (and the CLI) before any operator runs, installs the harness as their torch_npu
+stand-in. The harness is created on first use and lives as long as the process (it owns
+the call counts that the summary line reports).
 """
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
+from vllm_ascend_ext import envs
 from vllm_ascend_ext.errors import AscendExtError
 
-ENV = "ASCEND_EXT_NPU_CONTRACT"
+ENV = envs.NPU_CONTRACT
 _HARNESS: list = []  # the process's harness, once created
 
 
 def enabled() -> bool:
-    raw = os.environ.get(ENV, "").strip()
-    if raw in ("", "0"):
-        return False
-    if raw == "1":
-        return True
-    raise AscendExtError(f"{ENV}={raw!r}: expected 0 or 1")
+    """True when ``ASCEND_EXT_NPU_CONTRACT=1`` (read by ``envs.npu_contract``, which refuses
+    anything but 0 and 1); contract mode then installs itself as the process's torch_npu
+    stand-in (``install``): the operators' dispatch never imports the contract."""
+    on = envs.npu_contract()
+    if on:
+        install()
+    return on
+
+
+def install() -> None:
+    """Make the process's harness what NPU call sites get for torch_npu in contract mode
+    (idempotent; the harness itself is created on the first call)."""
+    from vllm_ascend_ext.ops import _dispatch
+
+    _dispatch.install_stand_in(stand_in)
+
+
+def stand_in() -> Any:
+    """The torch_npu stand-in: the harness's namespace."""
+    return harness().namespace
 
 
 NPU_DTYPES = ("bfloat16", "float16")
@@ -47,7 +64,6 @@ def log_summary() -> None:
 
 def harness():
     if not _HARNESS:
-        from vllm_ascend_ext import envs
         from vllm_ascend_ext.contract.harness import Harness
 
         _HARNESS.append(Harness(envs.emulated_soc()))

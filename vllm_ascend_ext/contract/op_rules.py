@@ -1,5 +1,9 @@
 """The documented rules of each operator the plugin calls (see rules.py for the form).
 
+Grouped by operator family (``FIA_RULES``, ``SFA_RULES`` ...); each operator's record
+(``ops/registry.py``) names the group that holds its rules, and the harness finds them
+through it (``rules_for``).
+
 Quotes are substrings of torch-npu 2.13.0's ``_op_plugin_docs.py``; ``tests/ut`` checks
 that each one is found there. Operators without a documentation entry in the wheel
 (``npu_kv_rmsnorm_rope_cache``, ``npu_interleave_rope``) carry hand-written rules,
@@ -22,12 +26,18 @@ from vllm_ascend_ext.contract.rules import (
     tensor,
     when,
 )
+from vllm_ascend_ext.ops.fia_checks import (
+    BLOCK_SIZE_ALIGN,
+    INT8_BLOCK_SIZE_ALIGN,
+    MAX_BLOCK_SIZE,
+)
 from vllm_ascend_ext.ops.format import (
     ACL_FORMAT_FRACTAL_NZ,
     ACL_FORMAT_ND,
     format_name,
     npu_format,
 )
+from vllm_ascend_ext.ops.op_record import NpuOp
 from vllm_ascend_ext.quantization.weight_format import NZ_FAMILIES
 
 F16, BF16, F32, I8, I32, I64 = (torch.float16, torch.bfloat16, torch.float32, torch.int8,
@@ -90,9 +100,10 @@ def _fia_block_ids(call: Call) -> str | None:
 
 def _fia_block_size(call: Call) -> str | None:
     size, key = call.values.get("block_size"), tensor(call, "key")
-    align = 32 if key is not None and key.dtype == I8 else 16
-    if not size or size > 512 or size % align:
-        return f"block_size {size}: must be non-zero, at most 512 and a multiple of {align}"
+    align = INT8_BLOCK_SIZE_ALIGN if key is not None and key.dtype == I8 else BLOCK_SIZE_ALIGN
+    if not size or size > MAX_BLOCK_SIZE or size % align:
+        return (f"block_size {size}: must be non-zero, at most {MAX_BLOCK_SIZE} and a multiple "
+                f"of {align}")
     return None
 
 
@@ -417,8 +428,11 @@ GDN_RULES = (
     Rule(CGDR, "value", "$N_v$是$N_k$整数倍", _nv_multiple_of_nk),
 )
 
-RULES: tuple[Rule, ...] = (FIA_RULES + SCATTER_RULES + SFA_RULES + NORM_QUANT_RULES + MOE_RULES
-                           + GDN_RULES)
+# The groups an operator's record names (``NpuOp.rules``).
+GROUPS: dict[str, tuple[Rule, ...]] = {
+    "FIA_RULES": FIA_RULES, "SCATTER_RULES": SCATTER_RULES, "SFA_RULES": SFA_RULES,
+    "NORM_QUANT_RULES": NORM_QUANT_RULES, "MOE_RULES": MOE_RULES, "GDN_RULES": GDN_RULES}
+RULES: tuple[Rule, ...] = tuple(rule for group in GROUPS.values() for rule in group)
 # Operators with a yaml schema but no Python Meta kernel in the wheel (their meta lives in
 # torch_npu's C++ library): the harness binds the schema and checks the rules only.
 WITHOUT_PYTHON_META = {"npu_format_cast": "torch_npu registers it in C++ (format casts are "
@@ -429,5 +443,8 @@ WITHOUT_PYTHON_META = {"npu_format_cast": "torch_npu registers it in C++ (format
 HAND_WRITTEN_SCHEMAS: dict[str, tuple[str, str]] = {}
 
 
-def rules_for(op: str) -> tuple[Rule, ...]:
-    return tuple(r for r in RULES if r.op == op)
+def rules_for(op: NpuOp) -> tuple[Rule, ...]:
+    """The documented rules of ``op``: its rules in the group its record names."""
+    if op.rules is None:
+        return ()
+    return tuple(r for r in GROUPS[op.rules] if r.op == op.name)

@@ -77,9 +77,9 @@ def markdown_table(ops) -> str:
 
 
 def main() -> None:
-    from vllm_ascend_ext.contract.harness import REFERENCES
+    from vllm_ascend_ext.ops import registry
 
-    print(markdown_table(REFERENCES), end="")
+    print(markdown_table(registry.TORCH_NPU_OPS), end="")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@
 - ``meta``: the shape-only implementation (graph capture, and tests proving the
   per-step path never reads device data on the host);
 - anything else (``cpu`` in emulation): the pure-PyTorch reference, or, in contract mode
-  (``ASCEND_EXT_NPU_CONTRACT=1``), the NPU call site itself, with the contract harness
-  standing in for torch_npu (it validates the call and computes it by reference).
+  (``ASCEND_EXT_NPU_CONTRACT=1``), the NPU call site itself, with a stand-in for torch_npu
+  (the contract harness, which validates the call and computes it by reference).
 
-The backend calls one function and never knows which runs.
+The backend calls one function and never knows which runs. This module knows nothing
+of the contract: contract mode installs its stand-in here (``install_stand_in``) when it
+is enabled (``contract/mode.py``).
 """
 
 from __future__ import annotations
@@ -18,15 +20,30 @@ from typing import Any
 
 import torch
 
-from vllm_ascend_ext.contract import mode as contract_mode
+from vllm_ascend_ext import envs
+from vllm_ascend_ext.errors import AscendExtError
 from vllm_ascend_ext.worker.cpu_npu_graph import as_kernel
+
+# The provider of the process's torch_npu stand-in (at most one), installed by contract mode.
+_STAND_IN: list[Callable[[], Any]] = []
+
+
+def install_stand_in(provider: Callable[[], Any]) -> None:
+    """Make ``provider()`` what NPU call sites get for torch_npu while
+    ``ASCEND_EXT_NPU_CONTRACT=1`` (replaces an earlier one)."""
+    _STAND_IN[:] = [provider]
 
 
 def torch_npu_module() -> Any:
     """torch_npu, imported on first use (raises ImportError off an NPU host); in contract
-    mode the harness's stand-in namespace."""
-    if contract_mode.enabled():
-        return contract_mode.harness().namespace
+    mode the installed stand-in."""
+    if envs.npu_contract():
+        if not _STAND_IN:
+            raise AscendExtError(
+                f"{envs.NPU_CONTRACT}=1, but no torch_npu stand-in is installed in this "
+                "process: contract mode installs its harness when it is enabled "
+                "(vllm_ascend_ext.contract.mode.enabled())")
+        return _STAND_IN[0]()
     return importlib.import_module("torch_npu")
 
 
@@ -44,6 +61,6 @@ def pick(
         return meta
     if device.type == "npu":
         return npu
-    impl = npu if torch_npu_op and contract_mode.enabled() else reference
+    impl = npu if torch_npu_op and envs.npu_contract() else reference
     # Emulated decode graphs: one operator call is one recorded kernel (worker/cpu_npu_graph.py)
     return as_kernel(impl)

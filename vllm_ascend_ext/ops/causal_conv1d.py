@@ -31,9 +31,9 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops import _ext
-from vllm_ascend_ext.ops._dispatch import pick
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.gdn_recurrent import work_dtype
+from vllm_ascend_ext.ops.op_record import NpuOp
 
 OP = "npu_causal_conv1d_ext"
 
@@ -113,7 +113,7 @@ def no_npu_kernel(op: str):
     return fail
 
 
-@npu_op(f"_C_ascend_ext.{OP}")
+@npu_op(f"{_ext.NAMESPACE}.{OP}")
 def npu_causal_conv1d_ext(x, weight, conv_states, query_start_loc, cache_indices,
                           has_initial_state, *, bias=None, num_accepted_tokens=None, silu=True,
                           pad_slot_id=-1):
@@ -122,6 +122,9 @@ def npu_causal_conv1d_ext(x, weight, conv_states, query_start_loc, cache_indices
               pad_slot_id=pad_slot_id)
     if _ext.load():
         return getattr(torch.ops, _ext.NAMESPACE).npu_causal_conv1d_ext(*args, **kw)
-    impl = pick(x.device, npu=no_npu_kernel(OP), reference=causal_conv1d_reference,
-                meta=causal_conv1d_meta, torch_npu_op=False)
+    impl = CAUSAL_CONV1D_EXT.pick(x.device)
     return impl(*args, **kw)
+
+
+CAUSAL_CONV1D_EXT = NpuOp(OP, npu=no_npu_kernel(OP), reference=causal_conv1d_reference,
+                          meta=causal_conv1d_meta, kernel=OP, torch_npu=False)

@@ -1,5 +1,9 @@
 """``torch_npu.npu_fused_infer_attention_score`` (FIA): NPU call, reference, meta.
 
+Every implementation takes ``(query, key, value, **kwargs)``; the keyword arguments and
+their defaults are spelt once, ``fia_checks.FIAArgs``. The operator's record (``FIA``,
+at the end) is what the entry dispatches through and what contract mode computes with.
+
 Semantics: ``docs/npu-ops.md`` section 1 (TND layout, cumulative
 ``actual_seq_lengths``, per-request ``actual_seq_lengths_kv`` with a block table,
 cumulative without; ``sparse_mode`` 0/2/3/4 with the 2048x2048 compressed mask
@@ -18,15 +22,15 @@ runs where the library is missing or ``ASCEND_EXT_PY_REFERENCE=1`` (``ops/compil
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.compiled import emulation_kernel
-from vllm_ascend_ext.ops.fia_checks import UNSUPPORTED_OPTIONALS, FIAPlan, PlanMemo
+from vllm_ascend_ext.ops.fia_checks import FIA_KEYWORDS, FIAArgs, FIAPlan, PlanMemo
+from vllm_ascend_ext.ops.op_record import NpuOp
 
-INT_MAX = 2147483647
+OP = "npu_fused_infer_attention_score"
+KERNEL = "emu_fused_infer_attention_score"
 _FAR = 1 << 40  # pre/next tokens beyond any sequence: the kernel's int64 sums cannot overflow
 # Upper bound on score elements materialized at once by the reference (fp32).
 _SCORE_BUDGET = 1 << 24
@@ -146,31 +150,22 @@ def _attend(q, k, v, vis, scale, need_lse):
     return out.view(g, nq, r, -1), lse
 
 
-def fia_reference(
-    query, key, value, *, atten_mask=None, actual_seq_lengths=None,
-    actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0,
-    pre_tokens=INT_MAX, next_tokens=INT_MAX, input_layout="BSH",
-    num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0,
-    softmax_lse_flag=False, **optionals,
-):
-    plan = _check(query, key, value, atten_mask, actual_seq_lengths,
-                  actual_seq_lengths_kv, block_table, num_heads, input_layout,
-                  num_key_value_heads, sparse_mode, block_size, optionals)
+def fia_reference(query, key, value, **kwargs):
+    a = FIAArgs.of(kwargs)
+    plan = _check(query, key, value, a)
     device = query.device
     T, N = plan.num_tokens, plan.num_heads
     out = torch.zeros(T, N, plan.value_head_size, dtype=torch.float32, device=device)
     lse = torch.full((T, N, 1), float("-inf"), dtype=torch.float32, device=device)
-    mask2d = None
-    if sparse_mode == 0 and atten_mask is not None:
-        mask2d = atten_mask.reshape(-1, *atten_mask.shape[-2:])[0]
+    mask2d = _mask2d(a)
     groups = plan_buckets(plan.q_lens, plan.kv_lens) if key.shape[0] else []
     for reqs in groups:  # a handful of padded calls per step, never one per request
         g = len(reqs)
         reqs_t = torch.tensor(reqs, device=device)
         q_pad = max(plan.q_lens[b] for b in reqs)
         kv_pad = max(max(plan.kv_lens[b] for b in reqs), 1)
-        k = _gather_kv(key, plan, reqs, reqs_t, kv_pad, block_table)  # [g, kvh, S, D]
-        v = _gather_kv(value, plan, reqs, reqs_t, kv_pad, block_table)
+        k = _gather_kv(key, plan, reqs, reqs_t, kv_pad, a.block_table)  # [g, kvh, S, D]
+        v = _gather_kv(value, plan, reqs, reqs_t, kv_pad, a.block_table)
         q_len = torch.tensor([plan.q_lens[b] for b in reqs], device=device)[:, None, None]
         kv_len = torch.tensor([plan.kv_lens[b] for b in reqs], device=device)[:, None, None]
         q_start = torch.tensor([plan.cu_q[b] for b in reqs], device=device)[:, None]
@@ -180,65 +175,42 @@ def fia_reference(
             r = torch.arange(r0, min(q_pad, r0 + tile), device=device)
             tok = (q_start + r).clamp(max=T - 1)  # [g, rows]
             q = query[tok].float().permute(0, 2, 1, 3)  # [g, N, rows, D]
-            vis = _visible(r[None, :, None], j, q_len, kv_len, sparse_mode, mask2d,
-                           pre_tokens, next_tokens)
-            o, row_lse = _attend(q, k, v, vis, scale, softmax_lse_flag)
+            vis = _visible(r[None, :, None], j, q_len, kv_len, a.sparse_mode, mask2d,
+                           a.pre_tokens, a.next_tokens)
+            o, row_lse = _attend(q, k, v, vis, a.scale, a.softmax_lse_flag)
             valid = (r[None, :] < q_len[:, :, 0]).reshape(-1)
             flat_tok = tok.reshape(-1)[valid]
             out[flat_tok] = o.permute(0, 2, 1, 3).reshape(-1, N, plan.value_head_size)[valid]
             if row_lse is not None:
                 lse[flat_tok] = row_lse.permute(0, 2, 1).reshape(-1, N, 1)[valid]
     attn = out.to(query.dtype)
-    if softmax_lse_flag:
+    if a.softmax_lse_flag:
         return attn, lse
     return attn, torch.zeros(0, dtype=torch.float32, device=device)  # as torch_npu's meta
 
 
-def fia_emulated(
-    query, key, value, *, atten_mask=None, actual_seq_lengths=None,
-    actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0,
-    pre_tokens=INT_MAX, next_tokens=INT_MAX, input_layout="BSH",
-    num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0,
-    softmax_lse_flag=False, **optionals,
-):
+def fia_emulated(query, key, value, **kwargs):
     """The emulation's FIA: the compiled kernel after the reference's checks, or the
     reference itself (same arguments, same results)."""
-    kernel = emulation_kernel("emu_fused_infer_attention_score", query.device)
+    kernel = emulation_kernel(KERNEL, query.device)
     if kernel is None or key.shape[0] == 0 or key.stride(-1) != 1 or value.stride(-1) != 1:
-        return fia_reference(
-            query, key, value, atten_mask=atten_mask, actual_seq_lengths=actual_seq_lengths,
-            actual_seq_lengths_kv=actual_seq_lengths_kv, block_table=block_table,
-            num_heads=num_heads, scale=scale, pre_tokens=pre_tokens, next_tokens=next_tokens,
-            input_layout=input_layout, num_key_value_heads=num_key_value_heads,
-            sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
-            softmax_lse_flag=softmax_lse_flag, **optionals)
-    plan = _check(query, key, value, atten_mask, actual_seq_lengths,
-                  actual_seq_lengths_kv, block_table, num_heads, input_layout,
-                  num_key_value_heads, sparse_mode, block_size, optionals)
-    mask2d = None
-    if sparse_mode == 0 and atten_mask is not None:
-        mask2d = atten_mask.reshape(-1, *atten_mask.shape[-2:])[0]
+        return fia_reference(query, key, value, **kwargs)
+    a = FIAArgs.of(kwargs)
+    plan = _check(query, key, value, a)
     return kernel(
-        query, key, value, block_table if plan.paged else None, plan.cu_q,
-        plan.kv_lens, plan.cu_kv, mask2d,
-        num_kv_heads=plan.num_kv_heads, sparse_mode=sparse_mode,
-        pre_tokens=min(pre_tokens, _FAR), next_tokens=min(next_tokens, _FAR),
-        scale=float(scale), block_size=plan.block_size,
-        softmax_lse_flag=softmax_lse_flag)
+        query, key, value, a.block_table if plan.paged else None, plan.cu_q,
+        plan.kv_lens, plan.cu_kv, _mask2d(a),
+        num_kv_heads=plan.num_kv_heads, sparse_mode=a.sparse_mode,
+        pre_tokens=min(a.pre_tokens, _FAR), next_tokens=min(a.next_tokens, _FAR),
+        scale=float(a.scale), block_size=plan.block_size,
+        softmax_lse_flag=a.softmax_lse_flag)
 
 
-def fia_meta(
-    query, key, value, *, atten_mask=None, actual_seq_lengths=None,
-    actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0,
-    pre_tokens=INT_MAX, next_tokens=INT_MAX, input_layout="BSH",
-    num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0,
-    softmax_lse_flag=False, **optionals,
-):
-    plan = _check(query, key, value, atten_mask, actual_seq_lengths,
-                  actual_seq_lengths_kv, block_table, num_heads, input_layout,
-                  num_key_value_heads, sparse_mode, block_size, optionals)
+def fia_meta(query, key, value, **kwargs):
+    a = FIAArgs.of(kwargs)
+    plan = _check(query, key, value, a)
     out = query.new_empty(plan.num_tokens, plan.num_heads, plan.value_head_size)
-    if softmax_lse_flag:
+    if a.softmax_lse_flag:
         lse = query.new_empty(plan.num_tokens, plan.num_heads, 1, dtype=torch.float32)
     else:  # torch_npu's meta: an empty LSE when it is not asked for
         lse = query.new_empty(0, dtype=torch.float32)
@@ -246,21 +218,26 @@ def fia_meta(
 
 
 def fia_npu(query, key, value, **kwargs):
-    return torch_npu_module().npu_fused_infer_attention_score(query, key, value, **kwargs)
+    """torch_npu's operator, with every keyword argument of ``FIAArgs`` passed (the
+    plugin's defaults, which are torch_npu's) and the given optionals."""
+    return torch_npu_module().npu_fused_infer_attention_score(
+        query, key, value, **{**FIA_KEYWORDS, **kwargs})
 
 
-def _check(query, key, value, atten_mask, actual_seq_lengths, actual_seq_lengths_kv,
-           block_table, num_heads, input_layout, num_key_value_heads, sparse_mode,
-           block_size, optionals) -> FIAPlan:
-    unknown = set(optionals) - set(UNSUPPORTED_OPTIONALS)
-    if unknown:
-        raise TypeError(f"npu_fused_infer_attention_score: unexpected arguments {sorted(unknown)}")
+def _mask2d(a: FIAArgs) -> torch.Tensor | None:
+    """Mode 0's explicit mask as one [S_q, S_kv] plane (None in the compressed modes)."""
+    if a.sparse_mode == 0 and a.atten_mask is not None:
+        return a.atten_mask.reshape(-1, *a.atten_mask.shape[-2:])[0]
+    return None
+
+
+def _check(query, key, value, a: FIAArgs) -> FIAPlan:
     return _PLANS.check(
-        query, key, value, atten_mask=atten_mask, actual_seq_lengths=actual_seq_lengths,
-        actual_seq_lengths_kv=actual_seq_lengths_kv, block_table=block_table,
-        num_heads=num_heads, input_layout=input_layout,
-        num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
-        block_size=block_size, unsupported=optionals,
+        query, key, value, atten_mask=a.atten_mask, actual_seq_lengths=a.actual_seq_lengths,
+        actual_seq_lengths_kv=a.actual_seq_lengths_kv, block_table=a.block_table,
+        num_heads=a.num_heads, input_layout=a.input_layout,
+        num_key_value_heads=a.num_key_value_heads, sparse_mode=a.sparse_mode,
+        block_size=a.block_size, unsupported=a.optionals,
     )
 
 
@@ -269,27 +246,11 @@ _PLANS = PlanMemo()
 
 
 def npu_fused_infer_attention_score(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
-    atten_mask: torch.Tensor | None = None,
-    actual_seq_lengths: Sequence[int] | None = None,
-    actual_seq_lengths_kv: Sequence[int] | None = None,
-    block_table: torch.Tensor | None = None,
-    num_heads: int = 1, scale: float = 1.0,
-    pre_tokens: int = INT_MAX, next_tokens: int = INT_MAX,
-    input_layout: str = "BSH", num_key_value_heads: int = 0, sparse_mode: int = 0,
-    inner_precise: int = 0, block_size: int = 0, softmax_lse_flag: bool = False,
-    **optionals,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same signature and semantics as the torch_npu operator (keyword arguments)."""
-    impl = pick(query.device, npu=fia_npu, reference=fia_emulated, meta=fia_meta)
-    return impl(
-        query, key, value, atten_mask=atten_mask, actual_seq_lengths=actual_seq_lengths,
-        actual_seq_lengths_kv=actual_seq_lengths_kv, block_table=block_table,
-        num_heads=num_heads, scale=scale, pre_tokens=pre_tokens, next_tokens=next_tokens,
-        input_layout=input_layout, num_key_value_heads=num_key_value_heads,
-        sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
-        softmax_lse_flag=softmax_lse_flag, **optionals,
-    )
+    """torch_npu's operator: the same positional tensors, keyword arguments and semantics
+    (``FIAArgs``: the keywords and their defaults, and the optionals not emulated)."""
+    return FIA.pick(query.device)(query, key, value, **kwargs)
 
 
 def npu_fused_infer_attention_score_out(query, key, value, *, workspace, out, **kwargs):
@@ -313,3 +274,7 @@ def fia_max_workspace(query, key, value, **kwargs) -> torch.Tensor:
 def causal_mask_2048(device: torch.device | str = "cpu") -> torch.Tensor:
     """The canonical compressed causal mask (1 = masked) that sparse_mode 2/3/4 take."""
     return torch.triu(torch.ones(2048, 2048, dtype=torch.int8, device=device), diagonal=1)
+
+
+FIA = NpuOp(OP, npu=fia_npu, reference=fia_reference, meta=fia_meta, emulation=fia_emulated,
+            kernel=KERNEL, rules="FIA_RULES", counted_once=False)

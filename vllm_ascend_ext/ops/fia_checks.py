@@ -1,5 +1,6 @@
 """Argument checks for ``npu_fused_infer_attention_score`` (FIA), shared by the
-reference and the meta implementation.
+reference and the meta implementation, and the operator's keyword arguments (``FIAArgs``:
+their one spelling, with torch_npu's defaults).
 
 They read shapes, dtypes and host lists only (never tensor data), so they run on
 ``meta`` tensors too. Constraints follow ``docs/npu-ops.md`` section 1; each one
@@ -14,8 +15,8 @@ for those raises ``NotImplementedError`` naming it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -39,8 +40,11 @@ SPARSE_MODES = (0, 2, 3, 4)  # 1 (allMask) and 9 (tree) are not implemented
 # says 1024, the code and another section 512). Larger scheduler blocks (hybrid models
 # align theirs to the mamba page) are split into kernel blocks: the backend declares
 # every kernel block size it takes, and vLLM picks the largest that divides its block.
+# Defined here only: the FIA backend (KERNEL_BLOCK_SIZES) and contract mode's documented
+# block_size rule (contract/op_rules.py) read these.
 MAX_BLOCK_SIZE = 512
 BLOCK_SIZE_ALIGN = 16
+INT8_BLOCK_SIZE_ALIGN = 32  # int8 K/V (not emulated; contract mode checks it)
 KERNEL_BLOCK_SIZES = tuple(range(BLOCK_SIZE_ALIGN, MAX_BLOCK_SIZE + 1, BLOCK_SIZE_ALIGN))
 UNSUPPORTED_OPTIONALS = (
     "pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2",
@@ -52,8 +56,52 @@ UNSUPPORTED_OPTIONALS = (
 )
 
 
+INT_MAX = 2147483647
+
+
 class FIAArgumentError(ValueError):
     """An FIA call the NPU operator would reject."""
+
+
+@dataclass(frozen=True, slots=True)
+class FIAArgs:
+    """The keyword arguments of ``npu_fused_infer_attention_score`` with torch_npu's
+    defaults: the one spelling of the operator's signature after its three positional
+    tensors (query, key, value). ``optionals``: the named optionals the emulation does
+    not implement (``UNSUPPORTED_OPTIONALS``; any value but None is refused)."""
+
+    atten_mask: torch.Tensor | None = None
+    actual_seq_lengths: Sequence[int] | None = None
+    actual_seq_lengths_kv: Sequence[int] | None = None
+    block_table: torch.Tensor | None = None
+    num_heads: int = 1
+    scale: float = 1.0
+    pre_tokens: int = INT_MAX
+    next_tokens: int = INT_MAX
+    input_layout: str = "BSH"
+    num_key_value_heads: int = 0
+    sparse_mode: int = 0
+    inner_precise: int = 0
+    block_size: int = 0
+    softmax_lse_flag: bool = False
+    optionals: Mapping[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, kwargs: Mapping[str, object]) -> FIAArgs:
+        """A call's keyword arguments; an unknown keyword raises TypeError, as a Python
+        function of this signature would."""
+        rest = {k: v for k, v in kwargs.items() if k not in FIA_KEYWORDS}
+        unknown = set(rest) - set(UNSUPPORTED_OPTIONALS)
+        if unknown:
+            raise TypeError(f"npu_fused_infer_attention_score: unexpected arguments "
+                            f"{sorted(unknown)}")
+        if not rest:
+            return cls(**kwargs)
+        return cls(**{k: v for k, v in kwargs.items() if k in FIA_KEYWORDS}, optionals=rest)
+
+
+# Every keyword argument but the optionals, with its default (what the NPU call passes).
+FIA_KEYWORDS = {f.name: f.default for f in fields(FIAArgs) if f.name != "optionals"}
 
 
 def tnd_head_dims_refusal(d: int, dv: int, num_heads: int, num_kv_heads: int,

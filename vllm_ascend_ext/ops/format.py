@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.op_record import NpuOp
 
+OP = "npu_format_cast"
 ACL_FORMAT_ND = 2
 ACL_FORMAT_FRACTAL_NZ = 29
 FORMAT_NAMES = {ACL_FORMAT_ND: "ND", ACL_FORMAT_FRACTAL_NZ: "FRACTAL_NZ"}
@@ -49,10 +51,9 @@ def format_cast_npu(self, acl_format):
     return torch_npu_module().npu_format_cast(self, acl_format)
 
 
-@npu_op("npu_format_cast")
+@npu_op(OP)
 def npu_format_cast(self: torch.Tensor, acl_format: int) -> torch.Tensor:
-    impl = pick(self.device, npu=format_cast_npu, reference=format_cast_reference,
-                meta=format_cast_meta)
+    impl = FORMAT_CAST.pick(self.device)
     return impl(self, acl_format)
 
 
@@ -85,3 +86,7 @@ def cast_parameter(module: torch.nn.Module, name: str, acl_format: int) -> None:
     if new.device.type != "npu":
         setattr(new, _RECORDED, int(acl_format))
     setattr(module, name, new)
+
+
+FORMAT_CAST = NpuOp(OP, npu=format_cast_npu, reference=format_cast_reference,
+                    meta=format_cast_meta)

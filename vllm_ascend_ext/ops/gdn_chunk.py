@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.gdn_recurrent import check_gdr_shapes, work_dtype
+from vllm_ascend_ext.ops.op_record import NpuOp
 
 OP = "npu_chunk_gated_delta_rule"
 CHUNK = 64
@@ -114,7 +115,11 @@ def chunk_gated_delta_rule_npu(query, key, value, **kw):
 @npu_op(OP)
 def npu_chunk_gated_delta_rule(query, key, value, *, beta=None, initial_state=None,
                                actual_seq_lengths=None, scale=None, g=None):
-    impl = pick(query.device, npu=chunk_gated_delta_rule_npu,
-                reference=chunk_gated_delta_rule_reference, meta=chunk_gated_delta_rule_meta)
+    impl = CHUNK_GATED_DELTA_RULE.pick(query.device)
     return impl(query, key, value, beta=beta, initial_state=initial_state,
                 actual_seq_lengths=actual_seq_lengths, scale=scale, g=g)
+
+
+CHUNK_GATED_DELTA_RULE = NpuOp(OP, npu=chunk_gated_delta_rule_npu,
+                               reference=chunk_gated_delta_rule_reference,
+                               meta=chunk_gated_delta_rule_meta, rules="GDN_RULES")

@@ -23,13 +23,13 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops import _ext
-from vllm_ascend_ext.ops._dispatch import pick
 from vllm_ascend_ext.ops.causal_conv1d import no_npu_kernel
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.gdn_recurrent import (
     recurrent_gated_delta_rule_meta,
     recurrent_gated_delta_rule_reference,
 )
+from vllm_ascend_ext.ops.op_record import NpuOp
 
 OP = "npu_recurrent_gated_delta_rule_ext"
 
@@ -64,7 +64,7 @@ def recurrent_gdr_ext_meta(query, key, value, state, *, beta, scale, actual_seq_
         ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens, g=g)
 
 
-@npu_op(f"_C_ascend_ext.{OP}")
+@npu_op(f"{_ext.NAMESPACE}.{OP}")
 def npu_recurrent_gated_delta_rule_ext(query, key, value, state, *, beta, scale,
                                        actual_seq_lengths, ssm_state_indices,
                                        num_accepted_tokens=None, g=None,
@@ -75,6 +75,9 @@ def npu_recurrent_gated_delta_rule_ext(query, key, value, state, *, beta, scale,
     if _ext.load():
         return getattr(torch.ops, _ext.NAMESPACE).npu_recurrent_gated_delta_rule_ext(
             query, key, value, state, **kw)
-    impl = pick(query.device, npu=no_npu_kernel(OP), reference=recurrent_gdr_ext_reference,
-                meta=recurrent_gdr_ext_meta, torch_npu_op=False)
+    impl = RECURRENT_GDR_EXT.pick(query.device)
     return impl(query, key, value, state, **kw)
+
+
+RECURRENT_GDR_EXT = NpuOp(OP, npu=no_npu_kernel(OP), reference=recurrent_gdr_ext_reference,
+                          meta=recurrent_gdr_ext_meta, kernel=OP, torch_npu=False)

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.compiled import emulation_kernel
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.op_record import NpuOp
 
 OP = "npu_recurrent_gated_delta_rule"
+KERNEL = "emu_recurrent_gated_delta_rule"
 MAX_TOKENS_PER_REQUEST = 8  # "L_i <= 8"
 MAX_HEADS_OR_DIM = 256
 
@@ -112,7 +114,7 @@ def recurrent_gated_delta_rule_emulated(query, key, value, state, *, beta=None, 
     """The emulation's recurrence: the compiled kernel (``_C_ascend_ext.emu_recurrent_
     gated_delta_rule``, fp32 work, ``csrc/emu_gdn.cpp``) after the reference's checks, or
     the reference itself (float64 inputs, no library, ``ASCEND_EXT_PY_REFERENCE=1``)."""
-    kernel = emulation_kernel("emu_recurrent_gated_delta_rule", query.device)
+    kernel = emulation_kernel(KERNEL, query.device)
     if (kernel is not None and work_dtype(query) == torch.float32
             and state.dtype != torch.float64 and state.stride(-1) == 1):
         _check(query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices,
@@ -189,9 +191,13 @@ def recurrent_gated_delta_rule_npu(query, key, value, state, **kw):
 def npu_recurrent_gated_delta_rule(query, key, value, state, *, beta=None, scale=None,
                                    actual_seq_lengths=None, ssm_state_indices=None,
                                    num_accepted_tokens=None, g=None, gk=None):
-    impl = pick(query.device, npu=recurrent_gated_delta_rule_npu,
-                reference=recurrent_gated_delta_rule_emulated,
-                meta=recurrent_gated_delta_rule_meta)
+    impl = RECURRENT_GATED_DELTA_RULE.pick(query.device)
     return impl(query, key, value, state, beta=beta, scale=scale,
                 actual_seq_lengths=actual_seq_lengths, ssm_state_indices=ssm_state_indices,
                 num_accepted_tokens=num_accepted_tokens, g=g, gk=gk)
+
+
+RECURRENT_GATED_DELTA_RULE = NpuOp(
+    OP, npu=recurrent_gated_delta_rule_npu, reference=recurrent_gated_delta_rule_reference,
+    meta=recurrent_gated_delta_rule_meta, emulation=recurrent_gated_delta_rule_emulated,
+    kernel=KERNEL, rules="GDN_RULES")

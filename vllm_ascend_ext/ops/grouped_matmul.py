@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.op_record import NpuOp
 
+GMM_OP, SWIGLU_OP = "npu_grouped_matmul", "npu_swiglu"
 MAX_GROUPS = 1024
 # ``output_dtype`` of the Tensor overload is an int: c10's ScalarType number (the wheel's
 # Meta kernels map it back with TORCH_DTYPE_ENUM_VALUE_TO_SCALAR_TYPE_MAP).
@@ -136,15 +138,18 @@ def grouped_matmul_npu(x, weight, **kw):
     return torch_npu_module().npu_grouped_matmul(x, weight, **kw)
 
 
-@npu_op("npu_grouped_matmul")
+@npu_op(GMM_OP)
 def npu_grouped_matmul(x: list[torch.Tensor], weight: list[torch.Tensor], *, scale=None,
                        per_token_scale=None, group_list=None, split_item: int = 2,
                        group_type: int = 0, group_list_type: int = 1, output_dtype=None):
-    impl = pick(x[0].device, npu=grouped_matmul_npu, reference=grouped_matmul_reference,
-                meta=grouped_matmul_meta)
+    impl = GROUPED_MATMUL.pick(x[0].device)
     return impl(x, weight, scale=scale, per_token_scale=per_token_scale, group_list=group_list,
                 split_item=split_item, group_type=group_type, group_list_type=group_list_type,
                 output_dtype=output_dtype)
+
+
+GROUPED_MATMUL = NpuOp(GMM_OP, npu=grouped_matmul_npu, reference=grouped_matmul_reference,
+                       meta=grouped_matmul_meta, rules="MOE_RULES")
 
 
 # ------------------------------------------------------------------------- npu_swiglu
@@ -171,7 +176,11 @@ def swiglu_npu(x, dim=-1):
     return torch_npu_module().npu_swiglu(x, dim=dim)
 
 
-@npu_op("npu_swiglu")
+@npu_op(SWIGLU_OP)
 def npu_swiglu(x: torch.Tensor, dim: int = -1):
-    impl = pick(x.device, npu=swiglu_npu, reference=swiglu_reference, meta=swiglu_meta)
+    impl = SWIGLU.pick(x.device)
     return impl(x, dim=dim)
+
+
+SWIGLU = NpuOp(SWIGLU_OP, npu=swiglu_npu, reference=swiglu_reference, meta=swiglu_meta,
+               rules="MOE_RULES")

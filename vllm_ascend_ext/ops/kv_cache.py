@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.compiled import emulation_kernel
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.op_record import NpuOp
 
 OP = "npu_scatter_pa_kv_cache"
+KERNEL = "emu_scatter_pa_kv_cache"
 _DTYPES = (torch.float16, torch.bfloat16, torch.int8, torch.float32)
 
 
@@ -92,7 +94,7 @@ def scatter_pa_kv_cache_emulated(key, value, key_cache, value_cache, slot_mappin
     every slot, then one row copy per token, blocks read through their strides, as the
     backend's plane views are) after the reference's checks, or the reference itself."""
     _check(key, value, key_cache, value_cache, slot_mapping, cache_mode)
-    kernel = emulation_kernel("emu_scatter_pa_kv_cache", key.device)
+    kernel = emulation_kernel(KERNEL, key.device)
     if kernel is None or not all(_rows_contiguous(t) for t in (key, value, key_cache, value_cache)) \
             or any(t.stride(1) != t.shape[2] * t.shape[3] for t in (key_cache, value_cache)):
         return scatter_pa_kv_cache_reference(key, value, key_cache, value_cache, slot_mapping,
@@ -121,6 +123,11 @@ def npu_scatter_pa_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: t
                             cache_mode: str = "Norm") -> None:
     """torch_npu's positional tensors; ``cache_mode`` defaults to the ND mode the plugin's
     caches need (torch_npu's own default is ``"PA_NZ"``)."""
-    impl = pick(key.device, npu=scatter_pa_kv_cache_npu, reference=scatter_pa_kv_cache_emulated,
-                meta=scatter_pa_kv_cache_meta)
+    impl = SCATTER_PA_KV_CACHE.pick(key.device)
     impl(key, value, key_cache, value_cache, slot_mapping, cache_mode=cache_mode)
+
+
+SCATTER_PA_KV_CACHE = NpuOp(OP, npu=scatter_pa_kv_cache_npu, reference=scatter_pa_kv_cache_reference,
+                            meta=scatter_pa_kv_cache_meta,
+                            emulation=scatter_pa_kv_cache_emulated, kernel=KERNEL,
+                            rules="SCATTER_RULES")

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.norm import rms_fp32
+from vllm_ascend_ext.ops.op_record import NpuOp
 from vllm_ascend_ext.ops.paged_write import check_paged_cache, check_slots, write_rows
 from vllm_ascend_ext.ops.rope import rope_interleave_half
 
@@ -92,8 +93,12 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
                               k_rope_scale=None, c_kv_scale=None, k_rope_offset=None,
                               c_kv_offset=None, v=None, epsilon: float = 1e-5,
                               cache_mode: str = "Norm", is_output_kv: bool = False):
-    impl = pick(kv.device, npu=kv_rmsnorm_rope_cache_npu,
-                reference=kv_rmsnorm_rope_cache_reference, meta=kv_rmsnorm_rope_cache_meta)
+    impl = KV_RMSNORM_ROPE_CACHE.pick(kv.device)
     return impl(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale=k_rope_scale,
                 c_kv_scale=c_kv_scale, k_rope_offset=k_rope_offset, c_kv_offset=c_kv_offset,
                 v=v, epsilon=epsilon, cache_mode=cache_mode, is_output_kv=is_output_kv)
+
+
+KV_RMSNORM_ROPE_CACHE = NpuOp(OP, npu=kv_rmsnorm_rope_cache_npu,
+                              reference=kv_rmsnorm_rope_cache_reference,
+                              meta=kv_rmsnorm_rope_cache_meta, rules="SFA_RULES")

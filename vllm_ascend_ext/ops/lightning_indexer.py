@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.op_record import NpuOp
 from vllm_ascend_ext.ops.paged_read import gather_tokens, host_ints
 
 OP = "npu_lightning_indexer"
@@ -101,10 +102,13 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
                           actual_seq_lengths_key=None, block_table=None, layout_query="BSND",
                           layout_key="BSND", sparse_count=2048, sparse_mode=3,
                           pre_tokens=2**63 - 1, next_tokens=2**63 - 1, return_value=False):
-    impl = pick(query.device, npu=lightning_indexer_npu, reference=lightning_indexer_reference,
-                meta=lightning_indexer_meta)
+    impl = LIGHTNING_INDEXER.pick(query.device)
     return impl(query, key, weights, actual_seq_lengths_query=actual_seq_lengths_query,
                 actual_seq_lengths_key=actual_seq_lengths_key, block_table=block_table,
                 layout_query=layout_query, layout_key=layout_key, sparse_count=sparse_count,
                 sparse_mode=sparse_mode, pre_tokens=pre_tokens, next_tokens=next_tokens,
                 return_value=return_value)
+
+
+LIGHTNING_INDEXER = NpuOp(OP, npu=lightning_indexer_npu, reference=lightning_indexer_reference,
+                          meta=lightning_indexer_meta, rules="SFA_RULES")

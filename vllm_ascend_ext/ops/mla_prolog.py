@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.norm import rms_fp32
+from vllm_ascend_ext.ops.op_record import NpuOp
 from vllm_ascend_ext.ops.paged_write import check_paged_cache, check_slots, write_rows
 from vllm_ascend_ext.ops.quant import dynamic_quant_reference, quant_matmul_reference
 from vllm_ascend_ext.ops.rope import rope_interleave_half
@@ -203,7 +204,10 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
                       rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache,
                       **kwargs):
     """Same positional tensors and keywords as ``torch_npu.npu_mla_prolog_v3``."""
-    impl = pick(token_x.device, npu=mla_prolog_v3_npu, reference=mla_prolog_v3_reference,
-                meta=mla_prolog_v3_meta)
+    impl = MLA_PROLOG_V3.pick(token_x.device)
     return impl(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
                 rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, **kwargs)
+
+
+MLA_PROLOG_V3 = NpuOp(OP, npu=mla_prolog_v3_npu, reference=mla_prolog_v3_reference,
+                      meta=mla_prolog_v3_meta, rules="SFA_RULES")

@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops import _ext
-from vllm_ascend_ext.ops._dispatch import pick
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.norm import rms_fp32
+from vllm_ascend_ext.ops.op_record import NpuOp
 from vllm_ascend_ext.ops.paged_write import write_rows
 
 OP = "npu_mla_prolog_v3_k3"
@@ -115,7 +115,7 @@ def _no_npu_kernel(*args, **kwargs):
         "torch_npu counterpart; rebuild the plugin on the NPU host (README: csrc)")
 
 
-@npu_op(f"_C_ascend_ext.{OP}")
+@npu_op(f"{_ext.NAMESPACE}.{OP}")
 def npu_mla_prolog_v3_k3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr,
                          rmsnorm_gamma_cq, rmsnorm_gamma_ckv, kv_cache, *, cache_index=None,
                          rmsnorm_epsilon_cq: float = 1e-5, rmsnorm_epsilon_ckv: float = 1e-5,
@@ -129,6 +129,9 @@ def npu_mla_prolog_v3_k3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv
     if _ext.load():
         query, query_norm = getattr(torch.ops, _ext.NAMESPACE).npu_mla_prolog_v3_k3(*args, **kw)
         return query, (query_norm if query_norm_flag else None)
-    impl = pick(token_x.device, npu=_no_npu_kernel, reference=mla_prolog_v3_k3_reference,
-                meta=mla_prolog_v3_k3_meta, torch_npu_op=False)
+    impl = MLA_PROLOG_V3_K3.pick(token_x.device)
     return impl(*args, **kw)
+
+
+MLA_PROLOG_V3_K3 = NpuOp(OP, npu=_no_npu_kernel, reference=mla_prolog_v3_k3_reference,
+                         meta=mla_prolog_v3_k3_meta, kernel=OP, torch_npu=False)

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.op_record import NpuOp
 
+INIT_OP, UNPERMUTE_OP = "npu_moe_init_routing_v2", "npu_moe_token_unpermute"
 MAX_EXPERT_NUM = 10240
 
 
@@ -129,20 +131,23 @@ def init_routing_v2_npu(x, expert_idx, **kw):
     return torch_npu_module().npu_moe_init_routing_v2(x, expert_idx, **kw)
 
 
-@npu_op("npu_moe_init_routing_v2")
+@npu_op(INIT_OP)
 def npu_moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, *, scale=None, offset=None,
                             active_num: int = -1, expert_capacity: int = -1, expert_num: int = -1,
                             drop_pad_mode: int = 0, expert_tokens_num_type: int = 0,
                             expert_tokens_num_flag: bool = False, quant_mode: int = -1,
                             active_expert_range=(), row_idx_type: int = 0, x_dtype=None):
-    impl = pick(x.device, npu=init_routing_v2_npu, reference=init_routing_v2_reference,
-                meta=init_routing_v2_meta)
+    impl = INIT_ROUTING_V2.pick(x.device)
     return impl(x, expert_idx, scale=scale, offset=offset, active_num=active_num,
                 expert_capacity=expert_capacity, expert_num=expert_num,
                 drop_pad_mode=drop_pad_mode, expert_tokens_num_type=expert_tokens_num_type,
                 expert_tokens_num_flag=expert_tokens_num_flag, quant_mode=quant_mode,
                 active_expert_range=tuple(active_expert_range), row_idx_type=row_idx_type,
                 x_dtype=x_dtype)
+
+
+INIT_ROUTING_V2 = NpuOp(INIT_OP, npu=init_routing_v2_npu, reference=init_routing_v2_reference,
+                        meta=init_routing_v2_meta, rules="MOE_RULES")
 
 
 # ------------------------------------------------------------- npu_moe_token_unpermute
@@ -183,10 +188,13 @@ def token_unpermute_npu(permuted_tokens, sorted_indices, probs=None, padded_mode
         restore_shape=restore_shape)
 
 
-@npu_op("npu_moe_token_unpermute")
+@npu_op(UNPERMUTE_OP)
 def npu_moe_token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor,
                             probs=None, padded_mode: bool = False, restore_shape=None):
-    impl = pick(permuted_tokens.device, npu=token_unpermute_npu,
-                reference=token_unpermute_reference, meta=token_unpermute_meta)
+    impl = TOKEN_UNPERMUTE.pick(permuted_tokens.device)
     return impl(permuted_tokens, sorted_indices, probs=probs, padded_mode=padded_mode,
                 restore_shape=restore_shape)
+
+
+TOKEN_UNPERMUTE = NpuOp(UNPERMUTE_OP, npu=token_unpermute_npu, reference=token_unpermute_reference,
+                        meta=token_unpermute_meta, rules="MOE_RULES")

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.op_record import NpuOp
 
+GATE_OP, GATE_SOFTMAX_OP = "npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax"
 MAX_EXPERTS = 2048
 MAX_SOFTMAX_K = 1024
 
@@ -105,17 +107,20 @@ def gating_top_k_npu(x, k, **kw):
     return torch_npu_module().npu_moe_gating_top_k(x, k, **kw)
 
 
-@npu_op("npu_moe_gating_top_k")
+@npu_op(GATE_OP)
 def npu_moe_gating_top_k(x: torch.Tensor, k: int, *, bias=None, input_ids=None, tid2eid=None,
                          k_group: int = 1, group_count: int = 1, group_select_mode: int = 0,
                          renorm: int = 0, norm_type: int = 0, out_flag: bool = False,
                          routed_scaling_factor: float = 1.0, eps: float = 1e-20):
-    impl = pick(x.device, npu=gating_top_k_npu, reference=gating_top_k_reference,
-                meta=gating_top_k_meta)
+    impl = GATING_TOP_K.pick(x.device)
     return impl(x, k, bias=bias, input_ids=input_ids, tid2eid=tid2eid, k_group=k_group,
                 group_count=group_count, group_select_mode=group_select_mode, renorm=renorm,
                 norm_type=norm_type, out_flag=out_flag,
                 routed_scaling_factor=routed_scaling_factor, eps=eps)
+
+
+GATING_TOP_K = NpuOp(GATE_OP, npu=gating_top_k_npu, reference=gating_top_k_reference,
+                     meta=gating_top_k_meta, rules="MOE_RULES")
 
 
 # ---------------------------------------------------------- npu_moe_gating_top_k_softmax
@@ -161,8 +166,12 @@ def gating_top_k_softmax_npu(x, finished=None, k=1):
     return torch_npu_module().npu_moe_gating_top_k_softmax(x, finished, k=k)
 
 
-@npu_op("npu_moe_gating_top_k_softmax")
+@npu_op(GATE_SOFTMAX_OP)
 def npu_moe_gating_top_k_softmax(x: torch.Tensor, finished=None, k: int = 1):
-    impl = pick(x.device, npu=gating_top_k_softmax_npu, reference=gating_top_k_softmax_reference,
-                meta=gating_top_k_softmax_meta)
+    impl = GATING_TOP_K_SOFTMAX.pick(x.device)
     return impl(x, finished, k=k)
+
+
+GATING_TOP_K_SOFTMAX = NpuOp(GATE_SOFTMAX_OP, npu=gating_top_k_softmax_npu,
+                             reference=gating_top_k_softmax_reference,
+                             meta=gating_top_k_softmax_meta, rules="MOE_RULES")

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.op_record import NpuOp
+
+OP = "npu_rms_norm"
 
 
 def rms_fp32(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
@@ -49,7 +52,11 @@ def rms_norm_npu(x, gamma, epsilon=1e-6):
     return torch_npu_module().npu_rms_norm(x, gamma, epsilon)
 
 
-@npu_op("npu_rms_norm")
+@npu_op(OP)
 def npu_rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6):
-    impl = pick(x.device, npu=rms_norm_npu, reference=rms_norm_reference, meta=rms_norm_meta)
+    impl = RMS_NORM.pick(x.device)
     return impl(x, gamma, epsilon)
+
+
+RMS_NORM = NpuOp(OP, npu=rms_norm_npu, reference=rms_norm_reference, meta=rms_norm_meta,
+                 rules="NORM_QUANT_RULES")

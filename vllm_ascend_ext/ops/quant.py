@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.op_record import NpuOp
 
+DQ_OP, QMM_OP = "npu_dynamic_quant", "npu_quant_matmul"
 INT8_MAX = 127.0
 
 
@@ -60,13 +62,16 @@ def dynamic_quant_npu(x, **kw):
     return torch_npu_module().npu_dynamic_quant(x, **kw)
 
 
-@npu_op("npu_dynamic_quant")
+@npu_op(DQ_OP)
 def npu_dynamic_quant(x: torch.Tensor, *, smooth_scales=None, group_index=None, dst_type=None,
                       quant_mode: str = "pertoken", dst_type_max: float = 0.0):
-    impl = pick(x.device, npu=dynamic_quant_npu, reference=dynamic_quant_reference,
-                meta=dynamic_quant_meta)
+    impl = DYNAMIC_QUANT.pick(x.device)
     return impl(x, smooth_scales=smooth_scales, group_index=group_index, dst_type=dst_type,
                 quant_mode=quant_mode, dst_type_max=dst_type_max)
+
+
+DYNAMIC_QUANT = NpuOp(DQ_OP, npu=dynamic_quant_npu, reference=dynamic_quant_reference,
+                      meta=dynamic_quant_meta, rules="NORM_QUANT_RULES")
 
 
 # ---------------------------------------------------------------- quant matmul
@@ -123,10 +128,13 @@ def quant_matmul_npu(x1, x2, scale, **kw):
     return torch_npu_module().npu_quant_matmul(x1, x2, scale, **kw)
 
 
-@npu_op("npu_quant_matmul")
+@npu_op(QMM_OP)
 def npu_quant_matmul(x1: torch.Tensor, x2: torch.Tensor, scale: torch.Tensor, *, offset=None,
                      pertoken_scale=None, bias=None, output_dtype=None):
-    impl = pick(x1.device, npu=quant_matmul_npu, reference=quant_matmul_reference,
-                meta=quant_matmul_meta)
+    impl = QUANT_MATMUL.pick(x1.device)
     return impl(x1, x2, scale, offset=offset, pertoken_scale=pertoken_scale, bias=bias,
                 output_dtype=output_dtype)
+
+
+QUANT_MATMUL = NpuOp(QMM_OP, npu=quant_matmul_npu, reference=quant_matmul_reference,
+                     meta=quant_matmul_meta, rules="NORM_QUANT_RULES")

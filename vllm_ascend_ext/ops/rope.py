@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.op_record import NpuOp
+
+OP = "npu_interleave_rope"
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:
@@ -56,8 +59,11 @@ def interleave_rope_npu(x, cos, sin):
     return torch_npu_module().npu_interleave_rope(x, cos, sin)
 
 
-@npu_op("npu_interleave_rope")
+@npu_op(OP)
 def npu_interleave_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    impl = pick(x.device, npu=interleave_rope_npu, reference=interleave_rope_reference,
-                meta=interleave_rope_meta)
+    impl = INTERLEAVE_ROPE.pick(x.device)
     return impl(x, cos, sin)
+
+
+INTERLEAVE_ROPE = NpuOp(OP, npu=interleave_rope_npu, reference=interleave_rope_reference,
+                        meta=interleave_rope_meta)

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.ops._dispatch import pick, torch_npu_module
+from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
+from vllm_ascend_ext.ops.op_record import NpuOp
 from vllm_ascend_ext.ops.paged_read import gather_tokens, host_ints
 
 OP = "npu_sparse_flash_attention"
@@ -134,8 +135,7 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
                                sparse_block_size=1, layout_query="BSND", layout_kv="BSND",
                                sparse_mode=3, pre_tokens=2**63 - 1, next_tokens=2**63 - 1,
                                attention_mode=0, return_softmax_lse=False, sinks=None):
-    impl = pick(query.device, npu=sparse_flash_attention_npu,
-                reference=sparse_flash_attention_reference, meta=sparse_flash_attention_meta)
+    impl = SPARSE_FLASH_ATTENTION.pick(query.device)
     return impl(query, key, value, sparse_indices, scale_value, block_table=block_table,
                 actual_seq_lengths_query=actual_seq_lengths_query,
                 actual_seq_lengths_kv=actual_seq_lengths_kv, query_rope=query_rope,
@@ -143,3 +143,8 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
                 layout_query=layout_query, layout_kv=layout_kv, sparse_mode=sparse_mode,
                 pre_tokens=pre_tokens, next_tokens=next_tokens, attention_mode=attention_mode,
                 return_softmax_lse=return_softmax_lse, sinks=sinks)
+
+
+SPARSE_FLASH_ATTENTION = NpuOp(OP, npu=sparse_flash_attention_npu,
+                               reference=sparse_flash_attention_reference,
+                               meta=sparse_flash_attention_meta, rules="SFA_RULES")

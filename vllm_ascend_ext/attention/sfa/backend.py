@@ -53,6 +53,11 @@ class AscendSFABackend(DecoderOnlyCapabilities, AttentionBackend):
         return AscendSFAMetadataBuilder
 
     @staticmethod
+    def get_cache_backend_cls() -> type[AttentionBackend]:
+        """The backend of the layer's two companion cache layers (``caches.py``)."""
+        return AscendSFACacheBackend
+
+    @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
         return [MultipleOf(BLOCK_SIZE_ALIGN)]
 

@@ -88,13 +88,18 @@ def register_layer(layer: nn.Module, prefix: str) -> None:
 
 
 class SfaCacheLayer(nn.Module, AttentionLayerBase):
-    """A cache the SFA layer's forward writes and reads (rope key or indexer key)."""
+    """A cache the SFA layer's forward writes and reads (rope key or indexer key).
 
-    def __init__(self, *, width: int, kv_cache_dtype: str, prefix: str) -> None:
+    ``backend``: the companion caches' attention backend, which the SFA layer passes in
+    (its own backend's ``get_cache_backend_cls()``): this module never imports a backend.
+    """
+
+    def __init__(self, *, width: int, kv_cache_dtype: str, prefix: str, backend: type) -> None:
         super().__init__()
         self.layer_name = prefix
         self.width = width
         self.kv_cache_dtype = kv_cache_dtype
+        self.cache_backend = backend  # not "attn_backend": that marks layers running attention
         self.kv_cache = torch.tensor([])
         register_layer(self, prefix)
 
@@ -108,9 +113,7 @@ class SfaCacheLayer(nn.Module, AttentionLayerBase):
         return paged(self.kv_cache, self.width)
 
     def get_attn_backend(self):
-        from vllm_ascend_ext.attention.sfa.backend import AscendSFACacheBackend
-
-        return AscendSFACacheBackend
+        return self.cache_backend
 
     def get_kv_cache_spec(self, vllm_config) -> MLAAttentionSpec:
         return mla_spec(vllm_config, self.width, self.kv_cache_dtype)

@@ -91,11 +91,13 @@ class SfaLayer(nn.Module, AttentionLayerBase):
         self.kv_cache = torch.tensor([])
         register_layer(self, prefix)
         # Submodule names equal the cache layers' name suffixes (module path == layer name).
-        setattr(self, ROPE_CACHE, SfaCacheLayer(width=dims.rope, kv_cache_dtype=self.kv_cache_dtype,
-                                                prefix=f"{prefix}.{ROPE_CACHE}"))
+        cache_backend = self.attn_backend.get_cache_backend_cls()
+        setattr(self, ROPE_CACHE, SfaCacheLayer(
+            width=dims.rope, kv_cache_dtype=self.kv_cache_dtype, prefix=f"{prefix}.{ROPE_CACHE}",
+            backend=cache_backend))
         setattr(self, INDEXER_CACHE, SfaCacheLayer(
             width=dims.index_key, kv_cache_dtype=self.kv_cache_dtype,
-            prefix=f"{prefix}.{INDEXER_CACHE}"))
+            prefix=f"{prefix}.{INDEXER_CACHE}", backend=cache_backend))
         self.cache_layer_names = (prefix, f"{prefix}.{ROPE_CACHE}", f"{prefix}.{INDEXER_CACHE}")
         sfa_forward_library()
 
