@@ -70,8 +70,8 @@ def register() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     from vllm_ascend_ext.attention.fia.backend import BACKEND_NAME as FIA
-    from vllm_ascend_ext.contract import mode as contract_mode
     from vllm_ascend_ext.attention.sfa.backend import BACKEND_NAME as SFA
+    from vllm_ascend_ext.contract import mode as contract_mode
     from vllm_ascend_ext.models import register_models
     from vllm_ascend_ext.moe.method import register as register_moe
     from vllm_ascend_ext.platform.selection import FIA_BACKEND_PATH, SFA_BACKEND_PATH
