@@ -135,3 +135,22 @@ def runs():
         return cache[key]
 
     return get
+
+
+# Markers, in one place: every e2e test is ``e2e``; servers and the nightly dry run are
+# marked too, so that ``-m "not server and not nightly"`` runs the engine tests alone.
+SERVER_FILES = ("test_serve_dead_engine.py", "test_serve_startup_stop.py")
+NIGHTLY_FILES = ("test_nightly_dry_run.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    here = str(HERE)
+    for item in items:
+        if not str(item.path).startswith(here):
+            continue
+        item.add_marker(pytest.mark.e2e)
+        if item.path.name in SERVER_FILES or "-server-" in item.name:
+            item.add_marker(pytest.mark.server)
+        if item.path.name in NIGHTLY_FILES:
+            item.add_marker(pytest.mark.nightly)
+            item.add_marker(pytest.mark.slow)

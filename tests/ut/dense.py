@@ -7,7 +7,6 @@ the plugin's reference operators.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import random
 
@@ -18,25 +17,26 @@ def dense_attention(q, k, v, scale, visible):
     """One request. q [Lq,Nq,D], k/v [Lkv,Nkv,D]; visible(i, j) -> bool.
 
     Returns (out [Lq,Nq,Dv] fp32, lse [Lq,Nq] fp32). Rows that see nothing give 0.
+    Float64 softmax over an explicit visibility matrix, every head at once (the math of
+    one row: s = K q * scale, p = exp(s - max s), out = p V / sum p, lse = max s + log sum p).
     """
     Lq, Nq, _ = q.shape
     Lkv, Nkv, Dv = v.shape
     G = Nq // Nkv
-    out = torch.zeros(Lq, Nq, Dv, dtype=torch.float64)
-    lse = torch.full((Lq, Nq), float("-inf"), dtype=torch.float64)
-    for i in range(Lq):
-        cols = [j for j in range(Lkv) if visible(i, j)]
-        if not cols:
-            continue
-        for h in range(Nq):
-            kh = k[cols, h // G].double()
-            vh = v[cols, h // G].double()
-            s = (kh @ q[i, h].double()) * scale
-            m = s.max()
-            p = torch.exp(s - m)
-            z = p.sum()
-            out[i, h] = (p / z) @ vh
-            lse[i, h] = m + math.log(z.item())
+    mask = torch.tensor([[bool(visible(i, j)) for j in range(Lkv)] for i in range(Lq)],
+                        dtype=torch.bool).reshape(Lq, Lkv)
+    kh = k.double().repeat_interleave(G, dim=1)                  # [Lkv, Nq, D]: head h -> h // G
+    vh = v.double().repeat_interleave(G, dim=1)
+    s = torch.einsum("ihd,jhd->hij", q.double(), kh) * scale     # [Nq, Lq, Lkv]
+    s = s.masked_fill(~mask, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)                              # -inf where nothing is visible
+    seen = mask.any(dim=-1)                                       # [Lq]
+    p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+    z = p.sum(dim=-1, keepdim=True)
+    out = torch.einsum("hij,jhd->ihd", p / z.clamp_min(1e-300), vh)
+    lse = (m + torch.log(z)).squeeze(-1).transpose(0, 1)         # [Lq, Nq]
+    out[~seen] = 0
+    lse[~seen] = float("-inf")
     return out.float(), lse.float()
 
 
