@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # OpenAI-compatible server with the plugin, emulated on the CPU, on 127.0.0.1:8000.
-# Ctrl-C stops it in order (see README, "Stopping").
+# Ctrl-C stops it in order (docs/quickstart-cpu.md, "Stopping").
 set -euo pipefail
 ASCEND_EXT_EMULATE=1 python -m vllm_ascend_ext serve "$(python -m vllm_ascend_ext tiny-model-path)" \
   --served-model-name tiny-qwen3 --dtype float32 --host 127.0.0.1 --port 8000 \

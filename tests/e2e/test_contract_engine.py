@@ -39,7 +39,7 @@ def test_tiny_qwen_moe_runs_in_contract_mode_with_no_violation(runs):
 ], ids=["A3", "950"])
 def test_contract_mode_pretending_a3_and_950_reports_documentation_gaps_per_soc(runs, soc, gaps):
     """End to end on the other SoC families: 0 violations; the calls the documentation
-    does not list for the SoC are counted as gaps (README's op-by-SoC table)."""
+    does not list for the SoC are counted as gaps (docs/contract-mode.md's op-by-SoC table)."""
     args = ("--model", "qwen_moe", *BF16_CHUNKED)
     on = runs(*args, emulate=True, ASCEND_EXT_NPU_CONTRACT="1", ASCEND_EXT_SOC=soc)
     contract = on["contract"]

@@ -72,7 +72,7 @@ def test_replay_rereads_buffers_and_keeps_host_values_of_the_capture(rt):
 ])
 def test_a_host_read_during_capture_is_refused(rt, read):
     # (``.tolist()`` / ``.cpu()`` / ``.numpy()`` of a CPU tensor never reach the
-    # dispatcher: the stand-in cannot see those; README says so.)
+    # dispatcher: the stand-in cannot see those; docs/engine-path.md says so.)
     x = torch.tensor([1.0, 2.0])
     with pytest.raises(GraphCaptureError, match="host"):
         with rt.graph(rt.NPUGraph()):

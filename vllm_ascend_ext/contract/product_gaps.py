@@ -3,7 +3,7 @@
 Contract mode checks each call against the operator's supported products (支持的型号).
 Where the only objection is that list, the gap is one the documentation implies, not a
 contract the call breaks: the call is counted per SoC as a *documentation gap*, with the
-route the plugin takes there, and reported in the summary and in README's op-by-SoC table
+route the plugin takes there, and reported in the summary and in docs/contract-mode.md's op-by-SoC table
 (``python -m vllm_ascend_ext.contract.product_gaps`` prints it). A gap not in ``GAPS``
 stays a violation, so a new operator or SoC never passes silently.
 """
@@ -57,7 +57,7 @@ def doc_gaps(ops) -> dict[str, list[str]]:
 
 
 def markdown_table(ops) -> str:
-    """README's op-by-SoC table: documented (yes), unspecified (no product list), or the
+    """docs/contract-mode.md's op-by-SoC table: documented (yes), unspecified (no product list), or the
     route the plugin takes on a family the documentation does not list."""
     head = ("| operator | " + " | ".join(FAMILY_NAMES[f] for f in FAMILIES) + " |\n"
             "|---|" + "---|" * len(FAMILIES) + "\n")

@@ -6,7 +6,7 @@ They read shapes, dtypes and host lists only (never tensor data), so they run on
 ``meta`` tensors too. Constraints follow ``docs/npu-ops.md`` section 1; each one
 the NPU would reject is rejected here with a message naming the argument.
 
-Relaxations of the emulation, on purpose and documented in README:
+Relaxations of the emulation, on purpose and documented in docs/operators.md:
 - fp32 query/key/value are accepted (exact tests); the NPU takes fp16/bf16 only.
 Implemented subset: ``input_layout="TND"``; ``sparse_mode`` 0, 2, 3, 4; no
 quantization, pse, shared prefix, rope or padding-size inputs (a non-None value

@@ -22,7 +22,7 @@ Weights are ``[in, out]`` (a Linear weight transposed); ``weight_uk`` is [N, D, 
 Rounding points (unquantized): the kernel rounds ``x @ W_dq`` before its RmsNorm, c^Q
 and q_nope before the next matmul, and the rope half q_pe before RoPE, to bf16 (from
 op-plugin's CPU golden); the reference rounds the same four to ``weight_uk``'s dtype,
-which is bf16 on the NPU and fp32 in fp32 emulation (documented relaxation, see README).
+which is bf16 on the NPU and fp32 in fp32 emulation (documented relaxation, docs/operators.md).
 
 ``weight_quant_mode=2`` (W8A8 dynamic): ``token_x`` is int8 with per-token
 ``dequant_scale_x`` [T,1]; ``weight_dq``/``weight_uq_qr``/``weight_dkv_kr`` are int8

@@ -112,7 +112,7 @@ def mla_prolog_v3_k3_meta(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dk
 def _no_npu_kernel(*args, **kwargs):
     raise RuntimeError(
         f"{OP}: the compiled op library _C_ascend_ext is not installed, and this op has no "
-        "torch_npu counterpart; rebuild the plugin on the NPU host (README: csrc)")
+        "torch_npu counterpart; rebuild the plugin on the NPU host (docs/operators.md: the op library)")
 
 
 @npu_op(f"{_ext.NAMESPACE}.{OP}")

@@ -51,7 +51,7 @@ def activation(verify: bool = False) -> Activation:
                           f"{EMULATE_HINT}")
     if devices:
         return Activation("inactive", f"NPU device nodes ({', '.join(devices)}) but no "
-                          "torch_npu: install the plugin's npu extra (README: Atlas 800), "
+                          "torch_npu: install the plugin's npu extra (README: quick start on an Atlas 800), "
                           f"or {EMULATE_HINT}")
     if torch_npu:
         return Activation("inactive", "torch_npu is installed but there are no /dev/davinci* "

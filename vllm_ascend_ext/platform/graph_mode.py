@@ -14,7 +14,7 @@ default that applies it (``platform/startup.py``) on an NPU and on its CPU stand
   have no replay update yet; the SFA builder declares no graph support.
 * ``--enforce-eager`` (or ``cudagraph_mode`` NONE) runs every step eager.
 
-What eager decode costs is stated in README ("Graphs on an NPU").
+What eager decode costs is stated in docs/atlas.md ("Graphs on an NPU").
 """
 
 from __future__ import annotations

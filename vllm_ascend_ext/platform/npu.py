@@ -3,7 +3,7 @@
 Not validated here (no Ascend hardware on the development and CI machines): the
 operator path it selects is the same one the emulated platform runs by
 reference; the device runtime (worker, communicator, graph capture) awaits
-Atlas 800 validation, as README states.
+Atlas 800 validation, as docs/atlas.md states.
 """
 
 from __future__ import annotations

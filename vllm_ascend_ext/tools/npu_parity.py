@@ -218,7 +218,7 @@ def k3_prolog() -> list[Measured]:
     from vllm_ascend_ext.ops.mla_prolog_k3 import npu_mla_prolog_v3_k3
 
     if not _ext.load():
-        raise RuntimeError("_C_ascend_ext is not built here (README: csrc build)")
+        raise RuntimeError("_C_ascend_ext is not built here (docs/operators.md: the op library)")
     torch.manual_seed(4)
     t, he, hcq, n, d, hckv = 9, 1024, 512, 8, 128, 512
     a = [torch.randn(t, he).to(BF), (torch.randn(he, hcq) / 32).to(BF),

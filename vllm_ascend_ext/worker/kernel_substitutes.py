@@ -178,7 +178,7 @@ SUBSTITUTES = {
 }
 
 _DRAFTERS = ("the drafter's input kernels have no NPU substitute yet: the NPU platform "
-             "serves ngram speculation only (platform/npu.py)")
+             "serves ngram speculation only (platform/config_hooks.py)")
 UNREACHED = {
     "vllm.v1.spec_decode.utils.eagle_step_slot_mapping_metadata_kernel": _DRAFTERS,
     "vllm.v1.spec_decode.utils.eagle_prepare_inputs_padded_kernel": _DRAFTERS,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The nightly Atlas 800 suite (README: "The nightly Atlas 800 suite").
+# The nightly Atlas 800 suite (docs/nightly.md).
 #
 #   bash tests/e2e/nightly/run.sh [--dry-run] [--out DIR] [--repeats N]
 #

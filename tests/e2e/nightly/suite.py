@@ -1,5 +1,4 @@
-"""The nightly Atlas 800 suite; ``tests/e2e/nightly/run.sh`` runs it (README: "The nightly
-Atlas 800 suite").
+"""The nightly Atlas 800 suite; ``tests/e2e/nightly/run.sh`` runs it (docs/nightly.md).
 
     bash tests/e2e/nightly/run.sh [--dry-run] [--out DIR] [--repeats N]
 

@@ -5,7 +5,7 @@ torch_npu 2.13 documents ``npu_recurrent_gated_delta_rule`` and
 ``npu_fused_causal_conv1d`` for Ascend 950 only, with a kernel width fixed at 3 and no
 activation or bias (Qwen3-Next / Qwen3.5 convolve over 4 tokens, then SiLU). Where
 torch_npu documents nothing usable, the plugin's own ``_C_ascend_ext`` op serves.
-README's op-by-SoC table is this one.
+docs/contract-mode.md's op-by-SoC table is this one.
 """
 
 from __future__ import annotations
