@@ -91,3 +91,40 @@ def emulated_worker() -> str:
         raise AscendExtError(f"{EMULATED_WORKER}={os.environ[EMULATED_WORKER]!r}: expected "
                              f"one of {', '.join(EMULATED_WORKERS)}")
     return raw
+
+
+# Read elsewhere, named here so that every variable a user may set is in one table.
+EMU_ISA = "ASCEND_EXT_EMU_ISA"              # csrc/emu_attention.cpp
+ORACLE_WHEEL = "ASCEND_EXT_ORACLE_WHEEL"    # contract/oracle.py
+
+# Every variable a user may set -> what it means (README's table is this one, checked by
+# tests/ut/test_readme_ci.py). Internal ones (the serve supervisor's report pipe) and the
+# build's (setup.py, docs/operators.md) are not listed.
+DOCUMENTED: dict[str, str] = {
+    EMULATE: "`1` selects the emulated platform; any value other than "
+             "`0/1/true/false/yes/no/on/off` is an error",
+    SOC: "SoC to emulate (table below; default `ascend910b2`); on an NPU host, the SoC to "
+         "assume instead of what `npu-smi` reports. Unknown names and unsupported families "
+         "fail before the engine starts, naming the variable",
+    EMULATED_WORKER: "with emulation: `npu` (default) runs the Atlas engine path, the "
+                     "plugin's NPU worker and runner on the CPU stand-in; `cpu` runs vLLM's "
+                     "CPU worker and runner instead, kept to compare against "
+                     "([docs/engine-path.md](docs/engine-path.md)); anything else is an error",
+    NPU_CONTRACT: "`1`: NPU contract mode (emulated platform only; "
+                  "[docs/contract-mode.md](docs/contract-mode.md)); `0`/unset: off; anything "
+                  "else is an error",
+    PY_REFERENCE: "`1`: emulation runs the Python references instead of the compiled "
+                  "emulation kernels (`_C_ascend_ext.emu_*`, "
+                  "[docs/operators.md](docs/operators.md#emulation-kernels)), for debugging "
+                  "and for the tests comparing them; `0`/unset: the compiled kernels where "
+                  "the library is built; anything else is an error",
+    EMU_ISA: "`default`: the compiled emulation kernels take their portable vector path even "
+             "on an AVX2 CPU (tests compare the two); unset: AVX2 + FMA where the CPU has them",
+    ORACLE_WHEEL: "path to a local copy of the pinned torch-npu 2.13.0 wheel (else fetched "
+                  "into `~/.cache/vllm_ascend_ext` on first use)",
+}
+
+
+def table_rows() -> list[str]:
+    """README's environment-variable table, row by row."""
+    return [f"| `{name}` | {meaning} |" for name, meaning in DOCUMENTED.items()]

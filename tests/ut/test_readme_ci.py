@@ -75,6 +75,21 @@ def test_readme_config_table_matches_the_schema():
         assert f"| `{key}` | {allowed.replace('|', chr(92) + '|')} | {meaning} |" in text, key
 
 
+def test_readme_environment_table_is_the_codes():
+    """README's rows of ASCEND_EXT_ variables are exactly envs.table_rows(), in order, and
+    every variable the package reads through envs (a constant there) is documented."""
+    import re
+
+    from vllm_ascend_ext import envs
+
+    text = (REPO / "README.md").read_text()
+    rows = [ln for ln in text.splitlines() if re.match(r"\| `ASCEND_EXT_\w+` \| ", ln)]
+    assert rows == envs.table_rows()
+    named = {v for v in vars(envs).values() if isinstance(v, str)
+             and re.fullmatch(r"ASCEND_EXT_[A-Z_]+", v)}
+    assert named == set(envs.DOCUMENTED)
+
+
 def test_readme_soc_table_is_every_soc_the_code_knows():
     text = (REPO / "README.md").read_text()
     for chip in soc.known():

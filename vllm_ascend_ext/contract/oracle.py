@@ -28,12 +28,13 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_ascend_ext import envs
 from vllm_ascend_ext.errors import AscendExtError
 
 VERSION = "2.13.0"
 WHEEL = f"torch_npu-{VERSION}-cp311-cp311-manylinux_2_28_x86_64.whl"
 WHEEL_SHA256 = "0deb809cf447d3fce636ccfdc9c9f874950f1fe76f18f4aaab31e2d345f7dac0"
-WHEEL_ENV = "ASCEND_EXT_ORACLE_WHEEL"
+WHEEL_ENV = envs.ORACLE_WHEEL
 
 SCHEMAS = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 METAS = "torch_npu/op_plugin/meta/_meta_registrations.py"
