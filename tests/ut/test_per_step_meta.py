@@ -60,7 +60,7 @@ def test_per_step_path_runs_on_meta_without_host_reads(mode):
     md, out = _step("meta", torch.empty(n, NQ * D, device="meta"),
                     torch.empty(n, NKV * D, device="meta"), torch.empty(n, NKV * D, device="meta"),
                     torch.empty(NB, NKV, BS, 2 * D, device="meta"), pad_tokens=2, mode=mode)
-    assert (md.split is not None) == (mode == "on")
+    assert (len(md.spans) == 2) == (mode == "on")  # split: decode, prefill spans
     assert out.device.type == "meta"
     assert md.slot_indices.device.type == "meta" and md.slot_indices.dtype == torch.int32
     assert md.actual_seq_lengths_q == (1, 2, 5, 14)
@@ -87,7 +87,7 @@ def test_same_path_on_cpu_computes_attention_and_fills_the_cache(mode):
     key = torch.cat([new_k.view(-1, NKV * D), torch.randn(pad, NKV * D)])
     value = torch.cat([new_v.view(-1, NKV * D), torch.randn(pad, NKV * D)])
     md, out = _step("cpu", query, key, value, kv_cache, pad_tokens=pad, mode=mode)
-    assert (md.split is not None) == (mode == "on")
+    assert (len(md.spans) == 2) == (mode == "on")  # split: decode, prefill spans
     exp = []
     for b, (lq, L) in enumerate(zip(Q_LENS, SEQ_LENS)):
         o, _ = dense_attention(qs[b], seq_k[b], seq_v[b], D**-0.5,

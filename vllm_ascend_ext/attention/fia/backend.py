@@ -1,4 +1,4 @@
-"""FIA attention backend (standard decoder attention, GQA/MHA), one fused call a step.
+"""FIA attention backend (standard decoder attention, GQA/MHA): one fused call per span.
 
 Capabilities are declared truthfully: what the operator path cannot compute
 (sliding window, sinks, ALiBi, soft-cap, fp8 KV cache, cross/encoder attention,

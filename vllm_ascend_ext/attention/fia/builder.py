@@ -3,9 +3,10 @@
 Host lists come from host copies only (``query_start_loc_cpu``,
 ``seq_lens_cpu_upper_bound``), never from a device read; block ids and the slot
 mapping become the int32 *plane* ids and slots that the contiguous K and V views take
-(``attention/kv_layout.py``) here, once, shared by every layer. Mixed
-steps (decodes beside a prefill chunk) get their boundary, the gate's decision and
-both spans' host lists here; the forward only slices.
+(``attention/kv_layout.py``) here, once, shared by every layer. Every step leaves
+here as a tuple of spans, one FIA call each (``split.step_spans``): mixed steps
+(decodes beside a prefill chunk) get their boundary and the gate's decision here, and
+two spans when the gate splits; the forward loops over the spans.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from vllm_ascend_ext.attention.fia import graph_tasks
 from vllm_ascend_ext.attention.fia.gate import LayerTraits, decide
 from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
 from vllm_ascend_ext.attention.fia.plan import BatchMetadataError, host_lists
-from vllm_ascend_ext.attention.fia.split import check_against_vllm, find_boundary, spans
+from vllm_ascend_ext.attention.fia.split import (
+    Boundary,
+    check_against_vllm,
+    find_boundary,
+    step_spans,
+)
 from vllm_ascend_ext.attention.fia.stats import SplitStats
 from vllm_ascend_ext.attention.kv_layout import plane_block_table, plane_slots, spec_plane_factor
 
@@ -118,20 +124,8 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
             raise BatchMetadataError(
                 "per-request causal flags (tensor) are not supported by the FIA backend"
             )
-        split = None
-        threshold = self.reorder_batch_threshold or 1
-        boundary = find_boundary(cu_q, threshold)
-        if boundary.mixed:
-            check_against_vllm(boundary, split_decodes_and_prefills(cam, threshold),
-                               cam.num_actual_tokens - num_tokens)
-            decision = decide(self.mode, self.soc_family, self.traits,
-                              batch_invariant=self.batch_invariant,
-                              num_decodes=boundary.num_decodes,
-                              num_prefills=boundary.num_prefills)
-            self.stats.record(decision.split, decision.reason)
-            self.stats.maybe_log()
-            if decision.split:
-                split = spans(cu_q, kv_lens, boundary)
+        # One FIA call per span: the whole step, or (decode, prefill) when split.
+        spans = step_spans(cu_q, kv_lens, self._split_at(cam, cu_q, num_tokens))
         return AscendFIAMetadata(
             num_actual_tokens=num_tokens,
             num_reqs=num_reqs,
@@ -143,9 +137,28 @@ class AscendFIAMetadataBuilder(AttentionMetadataBuilder[AscendFIAMetadata]):
             plane_factor=self.plane_factor,
             actual_seq_lengths_q=cu_q,
             actual_seq_lengths_kv=kv_lens,
-            split=split,
+            spans=spans,
             graph_tasks=self.graph_tasks,
         )
+
+    def _split_at(self, cam: CommonAttentionMetadata, cu_q: tuple[int, ...],
+                  num_tokens: int) -> Boundary | None:
+        """The decode/prefill boundary when this step is mixed and the gate splits it,
+        else None (one FIA call). Mixed steps are checked against vLLM's own count and
+        counted in the split statistics."""
+        threshold = self.reorder_batch_threshold or 1
+        boundary = find_boundary(cu_q, threshold)
+        if not boundary.mixed:
+            return None
+        check_against_vllm(boundary, split_decodes_and_prefills(cam, threshold),
+                           cam.num_actual_tokens - num_tokens)
+        decision = decide(self.mode, self.soc_family, self.traits,
+                          batch_invariant=self.batch_invariant,
+                          num_decodes=boundary.num_decodes,
+                          num_prefills=boundary.num_prefills)
+        self.stats.record(decision.split, decision.reason)
+        self.stats.maybe_log()
+        return boundary if decision.split else None
 
 
 class StepBuffers:

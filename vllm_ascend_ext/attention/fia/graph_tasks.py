@@ -4,11 +4,12 @@ FIA takes the per-request sequence lengths as host lists (``SymInt[]``). A captu
 graph would replay the lists of the capture step forever. torch_npu's graph-task API
 fixes that (``torch_npu.npu.graph_task_*``, documented for Atlas A2/A3):
 
-* capture: each FIA call is issued as ``npu_fused_infer_attention_score.out`` into
-  buffers owned by the graph, with the workspace ``_npu_fused_infer_attention_score_
-  get_max_workspace`` returns for the call, between ``graph_task_group_begin(stream)``
-  and ``graph_task_group_end(stream)`` (which returns the task's handle), behind an
-  ``ExternalEvent`` the graph waits on;
+* capture (the forward issues every FIA call through ``fia_call``: this while a graph
+  is being captured, else a plain FIA call): each FIA call is issued as
+  ``npu_fused_infer_attention_score.out`` into buffers owned by the graph, with the
+  workspace ``_npu_fused_infer_attention_score_get_max_workspace`` returns for the call,
+  between ``graph_task_group_begin(stream)`` and ``graph_task_group_end(stream)`` (which
+  returns the task's handle), behind an ``ExternalEvent`` the graph waits on;
 * before every replay (``worker/npu_graph.py``): on a side stream that first waits for
   the work already queued (the previous replay among it), for each task of the graph
   about to replay, ``graph_task_update_begin(stream, handle)``, the same ``.out`` call
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from vllm_ascend_ext.attention.fia.plan import BatchMetadataError, pad_to_graph
+from vllm_ascend_ext.ops.fia import npu_fused_infer_attention_score
 
 # The FIA keywords that change from step to step and are updated on replay.
 HOST_LISTS = ("actual_seq_lengths", "actual_seq_lengths_kv")
@@ -155,6 +157,17 @@ def for_device(vllm_config, device) -> FiaGraphTasks | None:
                          fia.fia_max_workspace)
 
 
+def fia_call(tasks: FiaGraphTasks | None, args: tuple, kwargs: dict,
+             host_lists: dict[str, Sequence[int]], default_key: Hashable) -> torch.Tensor:
+    """One FIA call of a layer's forward; returns its attention output. While a decode
+    graph is being captured it becomes an updatable task of that graph (keyed by
+    ``graph_key(default_key)``); otherwise FIA runs with these host lists."""
+    if tasks is not None and tasks.capturing():
+        return tasks.capture(graph_key(default_key), args, kwargs, host_lists)
+    attn, _ = npu_fused_infer_attention_score(*args, **kwargs, **host_lists)
+    return attn
+
+
 def graph_key(default: Hashable) -> Hashable:
     """The key of the graph being captured: vLLM's batch descriptor when a forward
     context is set (the engine), else ``default`` (standalone use)."""
@@ -176,7 +189,7 @@ def _step_lists(attn_metadata):
         if tasks is None or id(tasks) in seen:
             continue
         seen.add(id(tasks))
-        if md.split is not None:
+        if len(md.spans) > 1:   # a graph step is one FIA call: one span
             raise BatchMetadataError("a split (mixed) step was replayed as a decode graph")
         yield tasks, {"actual_seq_lengths": md.actual_seq_lengths_q,
                       "actual_seq_lengths_kv": md.actual_seq_lengths_kv}

@@ -1,15 +1,17 @@
-"""Per-layer forward of the FIA backend: write K/V, one fused attention call."""
+"""Per-layer forward of the FIA backend: write K/V, then one fused attention call per
+span of the step (``AscendFIAMetadata.spans``: one span, or decode and prefill spans)."""
 
 from __future__ import annotations
 
 import torch
 from vllm.v1.attention.backend import AttentionImpl, AttentionLayer, AttentionType
 
-from vllm_ascend_ext.attention.fia.graph_tasks import graph_key
+from vllm_ascend_ext.attention.fia.graph_tasks import fia_call
 from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
+from vllm_ascend_ext.attention.fia.split import Span
 from vllm_ascend_ext.attention.kv_layout import plane_views
 from vllm_ascend_ext.attention.trace import trace_range
-from vllm_ascend_ext.ops.fia import causal_mask_2048, npu_fused_infer_attention_score
+from vllm_ascend_ext.ops.fia import causal_mask_2048
 from vllm_ascend_ext.ops.kv_cache import npu_scatter_pa_kv_cache
 
 # FIA sparse_mode 3: causal anchored bottom-right (chunk at the end of its sequence).
@@ -86,31 +88,23 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
                 key[:n].view(n, self.num_kv_heads, self.head_size).contiguous(),
                 value[:n].view(n, self.num_kv_heads, self.head_size).contiguous(),
                 key_cache, value_cache, md.slot_indices, cache_mode="Norm")
-        if n == 0:
-            return output
-        if md.split is None:
-            with trace_range("ascend_ext.fia_mixed.single", query.device):
-                self._fia(query, output, key_cache, value_cache, md, 0, n, 0, md.num_reqs,
-                          md.actual_seq_lengths_q, md.actual_seq_lengths_kv)
-            return output
-        for name, span in zip(("decode", "prefill"), md.split):
-            with trace_range(f"ascend_ext.fia_mixed.{name}", query.device):
-                self._fia(query, output, key_cache, value_cache, md, span.tok0, span.tok1,
-                          span.req0, span.req1, span.actual_seq_lengths_q,
-                          span.actual_seq_lengths_kv)
+        for span in md.spans:
+            with trace_range(f"ascend_ext.fia_mixed.{span.name}", query.device):
+                attn = self._fia(query, key_cache, value_cache, md, span)
+                output[span.rows].view(-1, self.num_heads, self.head_size).copy_(attn)
         return output
 
-    def _fia(self, query, output, key_cache, value_cache, md, tok0, tok1, req0, req1,
-             cu_q, kv_lens) -> None:
-        """One FIA call over tokens [tok0, tok1) and requests [req0, req1), written
-        into that slice of ``output``; every call reads the whole paged cache."""
-        t = tok1 - tok0
+    def _fia(self, query, key_cache, value_cache, md: AscendFIAMetadata,
+             span: Span) -> torch.Tensor:
+        """One FIA call over the span's tokens and requests; it reads the whole paged
+        cache. In a decode graph being captured, a graph task (graph_tasks.py)."""
+        t = span.tok1 - span.tok0
         nb, bs = key_cache.shape[:2]
-        args = (query[tok0:tok1].view(t, self.num_heads, self.head_size),
+        args = (query[span.rows].view(t, self.num_heads, self.head_size),
                 key_cache.view(nb, bs, -1), value_cache.view(nb, bs, -1))
         kwargs = dict(
             atten_mask=self._causal_mask(query.device) if md.causal else None,
-            block_table=md.block_table[req0:req1],
+            block_table=md.block_table[span.reqs],
             num_heads=self.num_heads,
             num_key_value_heads=self.num_kv_heads,
             scale=self.scale,
@@ -118,13 +112,5 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
             sparse_mode=SPARSE_MODE_CAUSAL if md.causal else 0,
             block_size=bs,
         )
-        tasks = md.graph_tasks
-        if tasks is not None and tasks.capturing():
-            # A decode graph being captured: FIA becomes a task whose host lists are
-            # updated before every replay (attention/fia/graph_tasks.py).
-            attn = tasks.capture(graph_key(query.shape[0]), args, kwargs,
-                                 {"actual_seq_lengths": cu_q, "actual_seq_lengths_kv": kv_lens})
-        else:
-            attn, _ = npu_fused_infer_attention_score(
-                *args, actual_seq_lengths=cu_q, actual_seq_lengths_kv=kv_lens, **kwargs)
-        output[tok0:tok1].view(t, self.num_heads, self.head_size).copy_(attn)
+        return fia_call(md.graph_tasks, args, kwargs, span.host_lists,
+                        default_key=query.shape[0])

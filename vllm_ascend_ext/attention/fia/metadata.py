@@ -1,4 +1,10 @@
-"""Per-step metadata of the FIA backend: built once per step, read by every layer."""
+"""Per-step metadata of the FIA backend: built once per step, read by every layer.
+
+``spans`` are the step's FIA calls, decided by the builder: one for a step issued as a
+single call (every decode-only step, hence every captured graph step), (decode, prefill)
+for a mixed step the gate split, none for a step without tokens. The forward writes K/V
+once, then issues one FIA call per span into that span's rows of the output.
+"""
 
 from __future__ import annotations
 
@@ -21,11 +27,12 @@ class AscendFIAMetadata:
     # (attention/kv_layout.py: block b's K and V planes are plane_factor * b).
     block_table: torch.Tensor  # int32 [num_reqs, max_blocks]
     slot_indices: torch.Tensor  # int32 [num_actual_tokens], computed once per step
-    # Host lists for FIA (SymInt[]): cumulative query ends, per-request kv lengths.
+    # The step's host lists (SymInt[]): cumulative query ends, per-request kv lengths
+    # (a decode graph's tasks are updated with these before a replay).
     actual_seq_lengths_q: tuple[int, ...]
     actual_seq_lengths_kv: tuple[int, ...]
-    # Mixed steps the gate split: one FIA call per span (decode first); else None.
-    split: tuple[Span, Span] | None = None
+    # One FIA call per span, in order, each with its rows, requests and host lists.
+    spans: tuple[Span, ...]
     plane_factor: int = 2  # K/V planes per cache block
     # On an NPU with decode graphs: the builder's FiaGraphTasks (graph_tasks.py), through
     # which a captured FIA call becomes a task updated on every replay; else None.

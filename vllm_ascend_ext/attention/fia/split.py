@@ -3,6 +3,9 @@
 vLLM reorders each batch decode-first (query length <= the decode threshold) when
 a builder asks for it. Here the boundary is derived from host copies only, checked
 against vLLM's own count, and turned into the host lists of the two FIA calls.
+
+Every step is a tuple of spans, one FIA call each (``step_spans``): none for a step
+without tokens, one over the whole step, or (decode, prefill) for a split mixed step.
 """
 
 from __future__ import annotations
@@ -35,6 +38,23 @@ class Span:
     req1: int
     actual_seq_lengths_q: tuple[int, ...]  # cumulative, rebased to start at 0
     actual_seq_lengths_kv: tuple[int, ...]
+    name: str = "single"  # profiler range ascend_ext.fia_mixed.<name>
+
+    @property
+    def rows(self) -> slice:
+        """The span's rows of the step's query and output."""
+        return slice(self.tok0, self.tok1)
+
+    @property
+    def reqs(self) -> slice:
+        """The span's rows of the step's block table."""
+        return slice(self.req0, self.req1)
+
+    @property
+    def host_lists(self) -> dict[str, tuple[int, ...]]:
+        """FIA's host-list keywords for this call."""
+        return {"actual_seq_lengths": self.actual_seq_lengths_q,
+                "actual_seq_lengths_kv": self.actual_seq_lengths_kv}
 
 
 def find_boundary(cu_q: Sequence[int], decode_threshold: int) -> Boundary:
@@ -89,7 +109,24 @@ def spans(cu_q: Sequence[int], kv_lens: Sequence[int], b: Boundary) -> tuple[Spa
     """(decode span, prefill span); the prefill span keeps trailing padding requests."""
     nd, nd_tok = b.num_decodes, b.num_decode_tokens
     total = cu_q[-1] if cu_q else 0
-    dec = Span(0, nd_tok, 0, nd, tuple(cu_q[:nd]), tuple(kv_lens[:nd]))
+    dec = Span(0, nd_tok, 0, nd, tuple(cu_q[:nd]), tuple(kv_lens[:nd]), "decode")
     pre = Span(nd_tok, total, nd, len(cu_q), tuple(c - nd_tok for c in cu_q[nd:]),
-               tuple(kv_lens[nd:]))
+               tuple(kv_lens[nd:]), "prefill")
     return dec, pre
+
+
+def step_spans(cu_q: Sequence[int], kv_lens: Sequence[int],
+               split_at: Boundary | None = None) -> tuple[Span, ...]:
+    """The FIA calls of one step, in order: none when the step has no tokens; the
+    (decode, prefill) ``spans`` when split at a mixed boundary; else one span over every
+    token and request (padding requests included)."""
+    total = cu_q[-1] if cu_q else 0
+    if total == 0:
+        return ()
+    if split_at is not None:
+        if not split_at.mixed:
+            raise BatchMetadataError(
+                f"a split needs decodes and prefills: {split_at.num_decodes} decodes, "
+                f"{split_at.num_prefills} prefills")
+        return spans(cu_q, kv_lens, split_at)
+    return (Span(0, total, 0, len(cu_q), tuple(cu_q), tuple(kv_lens)),)
