@@ -5,11 +5,14 @@ ones, and those inside top-level ``if`` / ``try`` / ``with`` / class bodies, but
 ``if TYPE_CHECKING``. Function-level imports (those in function bodies) run later and
 may close a circle Python tolerates; they are read where a check needs them.
 
-Checked: (a) no circle between modules at module level; (b) ``vllm_ascend_ext.ops``
-imports nothing of ``vllm_ascend_ext.contract``, at module level or in functions
-(contract mode installs itself into the dispatch instead); (c) no circle inside
-``attention/sfa``, function-level imports included. ``python tests/ut/test_import_graph.py``
-prints the circles between subpackages.
+Checked: (a) no circle between modules at module level; (b) no circle between the
+package's first-level subpackages (and modules: ``ops``, ``worker``, ``envs`` ...) at
+module level; (c) ``vllm_ascend_ext.ops`` is a leaf: it imports nothing of the package
+but ``errors`` and ``envs``, at module level or in functions (contract mode and the
+emulated NPU runtime install themselves into the dispatch, the layers declare their
+entry ops to the op counter); (d) no circle inside ``attention/sfa``, function-level
+imports included. ``python tests/ut/test_import_graph.py [--functions]`` prints the
+circles between subpackages (``--functions``: function-level imports included).
 """
 
 from __future__ import annotations
@@ -154,6 +157,12 @@ def subpackage_graph(graph: Graph, depth: int = 2) -> dict[str, set[tuple[str, s
     return edges
 
 
+def subpackage_cycles(graph: Graph) -> list[list[str]]:
+    """The circles between first-level subpackages (``p.ops``, ``p.worker``, ``p.envs``)."""
+    sub = subpackage_graph(graph)
+    return cycles({a: {b for (x, b) in sub if x == a} for (a, _) in sub})
+
+
 # -- the checks -------------------------------------------------------------------------
 
 def test_no_circle_between_modules_at_module_level():
@@ -168,6 +177,27 @@ def edges_between(graph: Graph, source: str, target: str) -> set[tuple[str, str]
         return m == package or m.startswith(f"{package}.")
     return {(m, t) for m, targets in graph.items() for t in targets
             if within(m, source) and within(t, target)}
+
+
+def test_no_circle_between_subpackages_at_module_level():
+    graph = import_graph(package_sources())
+    sub = subpackage_graph(graph)
+    assert (f"{PACKAGE}.worker", f"{PACKAGE}.ops") in sub      # the graph was read
+    assert subpackage_cycles(graph) == []
+
+
+LEAF_DEPENDENCIES = {f"{PACKAGE}.errors", f"{PACKAGE}.envs"}
+
+
+def test_ops_is_a_leaf_even_in_functions():
+    """The operators import nothing of the package but ``errors`` and ``envs``: not the
+    worker (the emulated runtime installs its graph recorder's kernel wrapper into the
+    dispatch), not the layers (they declare their entry ops where they register them)."""
+    graph = import_graph(package_sources(), function_level=True)
+    ops = f"{PACKAGE}.ops"
+    outside = {t for m, targets in graph.items() if m == ops or m.startswith(f"{ops}.")
+               for t in targets if t != ops and not t.startswith(f"{ops}.")}
+    assert outside <= LEAF_DEPENDENCIES, sorted(outside - LEAF_DEPENDENCIES)
 
 
 def test_ops_import_nothing_of_the_contract_even_in_functions():
@@ -195,6 +225,18 @@ def test_the_circle_finder_finds_circles_in_a_small_graph():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"b", "c"}}) == []
     two = cycles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c", "a"}})
     assert sorted(two) == [["a", "b"], ["c", "d", "e"]]
+
+
+def test_the_subpackage_circle_finder_finds_a_circle_through_modules():
+    sources = {"p": ("", True), "p.ops": ("", True), "p.worker": ("", True),
+               "p.errors": ("", False),
+               "p.ops.d": ("from p.worker import g\nfrom p import errors\n", False),
+               "p.worker.g": ("from p.ops import counting\n", False),
+               "p.ops.counting": ("from p.errors import E\n", False)}
+    graph = import_graph(sources)
+    assert subpackage_cycles(graph) == [["p.ops", "p.worker"]]
+    del sources["p.ops.d"]
+    assert subpackage_cycles(import_graph(sources)) == []
 
 
 def test_an_ops_to_contract_import_in_a_function_would_be_found():
@@ -225,8 +267,14 @@ def test_the_reader_sees_module_level_and_function_level_imports_apart():
 
 
 if __name__ == "__main__":
-    sub = subpackage_graph(import_graph(package_sources()))
-    for circle in cycles({a: {b for (x, b) in sub if x == a} for (a, _) in sub}):
+    import sys
+
+    read = import_graph(package_sources(), function_level="--functions" in sys.argv)
+    sub = subpackage_graph(read)
+    circles = subpackage_cycles(read)
+    if not circles:
+        print("no circle between subpackages")
+    for circle in circles:
         print("circle between subpackages:", " ".join(circle))
         for (a, b), edges in sorted(sub.items()):
             if a in circle and b in circle:

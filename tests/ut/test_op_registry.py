@@ -155,10 +155,34 @@ def test_fia_signature_is_spelt_once_with_torch_npus_defaults():
     assert args.num_heads == 4 and args.sparse_mode == 0 and args.optionals == {"pse_shift": None}
 
 
-def test_layer_entry_ops_are_listed_with_their_region():
+def test_layer_entry_ops_are_declared_by_their_owners_where_they_register_them():
+    """No table in ops/ names them: registering each layer's custom op declares it, and
+    the op counter and the emulated graph capture find the same body."""
+    from vllm_ascend_ext.attention.gdn.layer import gdn_forward_library
+    from vllm_ascend_ext.attention.sfa.layer import sfa_forward_library
+    from vllm_ascend_ext.moe.method import moe_library
+    from vllm_ascend_ext.worker import cpu_npu_graph
+
+    for register in (sfa_forward_library, gdn_forward_library, moe_library):
+        register()
+    expected = {
+        "ascend_ext.sfa_forward": ("vllm_ascend_ext.attention.sfa.layer:run_sfa_forward",
+                                   counting.ATTENTION_REGION),
+        "ascend_ext.gdn_forward": ("vllm_ascend_ext.attention.gdn.layer:run_gdn_forward",
+                                   counting.ATTENTION_REGION),
+        "ascend_ext.moe_routed_experts": ("vllm_ascend_ext.moe.method:run_routed_experts",
+                                          counting.MOE_REGION),
+    }
     entries = registry.layer_entries()
-    assert set(entries) == set(counting.TRANSPARENT_OPS)
-    assert entries["ascend_ext.sfa_forward"]["region"] == counting.ATTENTION_REGION
+    assert {name: (e["body"], e["region"]) for name, e in entries.items()} == expected
+    for name, entry in counting.LAYER_ENTRIES.items():
+        namespace, op = name.split(".")
+        packet = getattr(getattr(torch.ops, namespace), op)
+        assert str(packet) == name
+        assert cpu_npu_graph.python_op(packet.default) is entry.body
+    for path in OPS_DIR.glob("*.py"):     # no "module:function" strings pointing up either
+        source = path.read_text()
+        assert "vllm_ascend_ext.attention" not in source and "vllm_ascend_ext.moe" not in source
 
 
 def test_doctor_lists_every_declared_operator():

@@ -31,6 +31,7 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 
 from vllm_ascend_ext.moe import experts
 from vllm_ascend_ext.moe.routing import RoutingPlan, UnsupportedMoEError, plan_routing
+from vllm_ascend_ext.ops import counting
 
 logger = init_logger("vllm.ascend_ext")
 
@@ -87,12 +88,15 @@ def _routed_experts_fake(x: torch.Tensor, router_logits: torch.Tensor, layer_nam
 
 @functools.cache
 def moe_library() -> torch.library.Library:
-    """Registers ``torch.ops.ascend_ext.moe_routed_experts`` on first use."""
+    """Registers ``torch.ops.ascend_ext.moe_routed_experts`` on first use, a layer entry
+    op of the MoE region (``ops/counting.layer_entry``)."""
     from vllm.utils.torch_utils import direct_register_custom_op
 
     lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
     direct_register_custom_op("moe_routed_experts", run_routed_experts, mutates_args=[],
                               fake_impl=_routed_experts_fake, target_lib=lib)
+    counting.layer_entry(f"{OP_NAMESPACE}.moe_routed_experts", run_routed_experts,
+                         counting.MOE_REGION)
     return lib
 
 

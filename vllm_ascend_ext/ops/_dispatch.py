@@ -8,8 +8,14 @@
   (the contract harness, which validates the call and computes it by reference).
 
 The backend calls one function and never knows which runs. This module knows nothing
-of the contract: contract mode installs its stand-in here (``install_stand_in``) when it
-is enabled (``contract/mode.py``).
+of the contract nor of the emulated NPU runtime, which install themselves here:
+
+- contract mode its torch_npu stand-in (``install_stand_in``) when it is enabled
+  (``contract/mode.py``);
+- the CPU stand-in of the NPU runtime its graph recorder's kernel wrapper
+  (``install_kernel_wrapper``) when the runtime is brought up (``worker/cpu_npu.py``):
+  while an emulated decode graph is captured, one operator call is one recorded kernel
+  (``worker/cpu_npu_graph.as_kernel``). Without one, the implementation runs as it is.
 """
 
 from __future__ import annotations
@@ -22,16 +28,24 @@ import torch
 
 from vllm_ascend_ext import envs
 from vllm_ascend_ext.errors import AscendExtError
-from vllm_ascend_ext.worker.cpu_npu_graph import as_kernel
 
 # The provider of the process's torch_npu stand-in (at most one), installed by contract mode.
 _STAND_IN: list[Callable[[], Any]] = []
+# What wraps the implementation a CPU call gets (at most one), installed by the emulated
+# NPU runtime: ``impl -> what the call site calls``.
+_KERNEL_WRAPPER: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = []
 
 
 def install_stand_in(provider: Callable[[], Any]) -> None:
     """Make ``provider()`` what NPU call sites get for torch_npu while
     ``ASCEND_EXT_NPU_CONTRACT=1`` (replaces an earlier one)."""
     _STAND_IN[:] = [provider]
+
+
+def install_kernel_wrapper(wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Make ``wrapper(impl)`` what ``pick`` returns for CPU tensors instead of ``impl``
+    (replaces an earlier one; idempotent)."""
+    _KERNEL_WRAPPER[:] = [wrapper]
 
 
 def torch_npu_module() -> Any:
@@ -62,5 +76,5 @@ def pick(
     if device.type == "npu":
         return npu
     impl = npu if torch_npu_op and envs.npu_contract() else reference
-    # Emulated decode graphs: one operator call is one recorded kernel (worker/cpu_npu_graph.py)
-    return as_kernel(impl)
+    # Emulated decode graphs: one operator call is one recorded kernel (install_kernel_wrapper)
+    return _KERNEL_WRAPPER[0](impl) if _KERNEL_WRAPPER else impl

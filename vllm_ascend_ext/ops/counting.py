@@ -14,17 +14,21 @@ casts a step makes.
 
 Counts are bucketed by step: ``OpCounter(steps_of=Builder)`` opens a new bucket each
 time ``Builder.build`` returns (labelled with the metadata's ``kind``), by wrapping
-that method while the counter is active; ``new_step`` opens one by hand. The plugin's
-own layer entry ops (``TRANSPARENT_OPS``, e.g. ``ascend_ext.sfa_forward``) are entered
-rather than counted: what runs inside them is counted, and marked as in-layer.
-Production code knows nothing of this module beyond the ``npu_op`` name tag; with no
-counter active that tag costs one list check.
+that method while the counter is active; ``new_step`` opens one by hand.
+
+The plugin's own *layer entry ops* (opaque custom ops wrapping a layer's Python, e.g.
+``ascend_ext.sfa_forward``) are entered rather than counted: what runs inside them is
+counted, and also tallied under the entry's region (attention layers or MoE). Each owner
+declares its entry where it registers the custom op (``layer_entry``), so this module
+names none of them; the emulated graph recorder (``worker/cpu_npu_graph.py``) looks
+the bodies up here too. Production code knows nothing of this module beyond the
+``npu_op`` name tag and those declarations; with no counter active the tag costs one
+list check.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,26 +40,46 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _ACTIVE: list[OpCounter] = []
 # Bookkeeping, not kernels.
 IGNORED_NAMESPACES = ("profiler",)
-# Custom-op wrappers whose body is counted instead of the wrapper: name -> Python body.
-TRANSPARENT_OPS = {"ascend_ext.sfa_forward": "vllm_ascend_ext.attention.sfa.layer:run_sfa_forward",
-                   "ascend_ext.moe_routed_experts": "vllm_ascend_ext.moe.method:run_routed_experts",
-                   "ascend_ext.gdn_forward": "vllm_ascend_ext.attention.gdn.layer:run_gdn_forward"}
-# Which per-step tally each wrapper's body also goes to (StepCounts.in_layers / in_moe).
+# Which per-step tally a layer entry's body also goes to (StepCounts.in_layers / in_moe).
 ATTENTION_REGION, MOE_REGION = "attention", "moe"
-REGIONS = {"ascend_ext.sfa_forward": ATTENTION_REGION, "ascend_ext.gdn_forward": ATTENTION_REGION,
-           "ascend_ext.moe_routed_experts": MOE_REGION}
+REGIONS = (ATTENTION_REGION, MOE_REGION)
 
 
-@functools.cache
-def import_body(target: str) -> Callable[..., Any]:
-    """``"module:function"`` -> the function (a custom op's Python body)."""
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+@dataclass(frozen=True)
+class LayerEntry:
+    """A custom op wrapping a layer's Python: counted (and graph-captured) through its body."""
+    name: str                       # the op's packet name, ``namespace.op`` (ascend_ext.sfa_forward)
+    body: Callable[..., Any]        # the Python the op runs (what the counter enters)
+    region: str                     # ATTENTION_REGION or MOE_REGION
 
 
-def _transparent_body(op_name: str) -> Callable[..., Any] | None:
-    target = TRANSPARENT_OPS.get(op_name)
-    return None if target is None else import_body(target)
+class LayerEntryConflict(RuntimeError):
+    """Two declarations give one layer entry op different bodies or regions."""
+
+
+# The layer entry ops declared in this process: packet name -> its declaration. Filled by
+# the owners when they register their custom ops (which is before the op can run).
+LAYER_ENTRIES: dict[str, LayerEntry] = {}
+
+
+def layer_entry(name: str, body: Callable[..., Any], region: str) -> LayerEntry:
+    """Declare the custom op ``name`` (``namespace.op``) a layer entry running ``body``:
+    the op counter counts what ``body`` runs instead of the op, under ``region`` too, and
+    the emulated graph capture records the kernels ``body`` issues. Called by the owner
+    where it registers the op; declaring the same entry again is a no-op."""
+    if region not in REGIONS:
+        raise ValueError(f"{name}: region {region!r} is not one of {REGIONS}")
+    entry = LayerEntry(name, body, region)
+    if LAYER_ENTRIES.setdefault(name, entry) != entry:
+        raise LayerEntryConflict(f"{name}: declared as {LAYER_ENTRIES[name]}, now as {entry}")
+    return entry
+
+
+def layer_entry_body(name: str) -> Callable[..., Any] | None:
+    """The Python body of the layer entry op ``name`` (``namespace.op`` or
+    ``namespace::op``), None when no layer entry of that name is declared."""
+    entry = LAYER_ENTRIES.get(name.replace("::", "."))
+    return None if entry is None else entry.body
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -125,14 +149,14 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inner = _transparent_body(str(func.overloadpacket))
-        if inner is not None:
+        entry = LAYER_ENTRIES.get(str(func.overloadpacket))
+        if entry is not None:
             # The plugin's own entry ops (e.g. ascend_ext.sfa_forward) are wrappers:
             # count what runs inside them (their Python body), not the wrapper.
-            self._regions.append(REGIONS[str(func.overloadpacket)])
+            self._regions.append(entry.region)
             try:
                 with self:
-                    return inner(*args, **kwargs)
+                    return entry.body(*args, **kwargs)
             finally:
                 self._regions.pop()
         if self._opaque_depth == 0:

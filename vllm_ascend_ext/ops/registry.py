@@ -7,8 +7,9 @@ function dispatches through its record. Importing this module imports every oper
 module (nothing in the hot path imports it).
 
 The op counter's *layer entry ops* (``ascend_ext.sfa_forward`` ...: wrappers the counter
-enters instead of counting) are not operators of this table: ``layer_entries`` reads them
-from ``ops/counting.py``.
+enters instead of counting) are not operators of this table: their owners declare them
+where they register them (``ops/counting.layer_entry``); ``layer_entries`` lists those
+declared in this process so far.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from types import ModuleType
 from vllm_ascend_ext.ops import (
     _ext,
     causal_conv1d,
+    counting,
     fia,
     format,
     gdn_chunk,
@@ -36,7 +38,6 @@ from vllm_ascend_ext.ops import (
     rope,
     sparse_flash_attention,
 )
-from vllm_ascend_ext.ops.counting import REGIONS, TRANSPARENT_OPS
 from vllm_ascend_ext.ops.op_record import NpuOp
 
 MODULES: tuple[ModuleType, ...] = (
@@ -79,9 +80,10 @@ def entries() -> dict[str, object]:
 
 
 def layer_entries() -> dict[str, dict[str, str]]:
-    """The op counter's layer entry ops: name -> the body it counts and its region."""
-    return {name: {"body": body, "region": REGIONS[name]}
-            for name, body in sorted(TRANSPARENT_OPS.items())}
+    """The op counter's layer entry ops declared in this process (their owners declare
+    them when they register the op): name -> the body it counts and its region."""
+    return {name: {"body": f"{e.body.__module__}:{e.body.__qualname__}", "region": e.region}
+            for name, e in sorted(counting.LAYER_ENTRIES.items())}
 
 
 def describe() -> dict[str, dict]:

@@ -192,7 +192,10 @@ def offset_generators(generators: dict, requests: dict, req_ids: list) -> None:
 
 
 def make_runtime() -> types.ModuleType:
-    """A fresh stand-in ``torch.npu`` (one per worker process)."""
+    """A fresh stand-in ``torch.npu`` (one per worker process). Bringing it up installs
+    its graph recorder's kernel wrapper into the operators' dispatch
+    (``cpu_npu_graph.install``), before any operator of the process runs on it."""
+    cpu_npu_graph.install()
     rt = types.ModuleType("torch_npu_cpu_stand_in")
     rt.__stand_in__ = NAME
     memory = Memory()

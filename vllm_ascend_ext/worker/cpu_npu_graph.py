@@ -17,8 +17,9 @@ a capturing NPU stream does; ``.tolist()``, ``.cpu()`` and ``.numpy()`` of a CPU
 never reach the dispatcher, so those stay invisible here. A group of calls bracketed by
 ``graph_task_group_begin/end`` is a task: ``graph_task_update_begin(handle)`` ..
 ``update_end`` replaces its calls with the ones issued in between. An NPU operator
-called through ``ops/_dispatch.pick`` is one recorded kernel (``as_kernel``): its Python
-reference re-runs whole at replay, with the Python arguments of its capture.
+called through ``ops/_dispatch.pick`` is one recorded kernel (``as_kernel``, which the
+stand-in runtime installs into the dispatch when it is brought up: ``install``): its
+Python reference re-runs whole at replay, with the Python arguments of its capture.
 
 Compiled code must dispatch its operators for capture to see them: the emulated
 platform compiles with Dynamo's eager backend when it captures graphs.
@@ -27,6 +28,8 @@ platform compiles with Dynamo's eager backend when it captures graphs.
 from __future__ import annotations
 
 import functools
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from vllm_ascend_ext.ops.counting import TRANSPARENT_OPS, import_body
+from vllm_ascend_ext.ops import _dispatch, counting
 
 aten = torch.ops.aten
 
@@ -59,6 +62,8 @@ NO_DATA = {
 # vLLM's (and the plugin's) opaque Python custom ops: not kernels but Python that issues
 # kernels. Capture runs their Python with the recorder on, so the graph holds the
 # kernels they issue (on an NPU those are what the graph captures), never the op itself.
+# vLLM's, by "module:function"; the plugin's own are its layer entry ops, declared by
+# their owners where they register them (``ops/counting.layer_entry``).
 PYTHON_OPS = {
     "vllm::unified_attention_with_output":
         "vllm.model_executor.layers.attention.attention:unified_attention_with_output",
@@ -67,11 +72,16 @@ PYTHON_OPS = {
     "vllm::moe_forward": "vllm.model_executor.layers.fused_moe.runner.moe_runner:_moe_forward",
     "vllm::moe_forward_shared":
         "vllm.model_executor.layers.fused_moe.runner.moe_runner:_moe_forward_shared",
-    # the plugin's own wrappers (the op counter looks through the same ones)
-    **{name.replace(".", "::"): body for name, body in TRANSPARENT_OPS.items()},
 }
 # Namespaces whose ops are Python custom ops (an unknown one is refused, not recorded).
 PYTHON_NAMESPACES = ("vllm", "ascend_ext")
+
+
+@functools.cache
+def import_body(target: str) -> Callable[..., Any]:
+    """``"module:function"`` -> the function (a custom op's Python body)."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def python_op(func):
@@ -81,11 +91,15 @@ def python_op(func):
     if name.split("::")[0] not in PYTHON_NAMESPACES:
         return None
     target = PYTHON_OPS.get(name)
-    if target is None:
+    if target is not None:
+        return import_body(target)
+    body = counting.layer_entry_body(name)
+    if body is None:
         raise GraphCaptureError(
-            f"{name}: a Python custom op the CPU stand-in cannot capture through (add it to "
-            "worker/cpu_npu_graph.py PYTHON_OPS with its Python implementation)")
-    return import_body(target)
+            f"{name}: a Python custom op the CPU stand-in cannot capture through (vLLM's: "
+            "add it to worker/cpu_npu_graph.py PYTHON_OPS; the plugin's: declare it with "
+            "ops/counting.layer_entry where it is registered)")
+    return body
 
 
 @dataclass
@@ -156,6 +170,13 @@ def _has_bool_index(func, args) -> bool:
 # The recorders of the stand-in captures or updates in progress, innermost last (a
 # recorder re-enters itself around a Python custom op's body).
 _ACTIVE: list = []
+
+
+def install() -> None:
+    """Make every NPU operator call through ``ops/_dispatch.pick`` go through ``as_kernel``
+    (done when the stand-in runtime is brought up, before any operator runs in its
+    process; idempotent)."""
+    _dispatch.install_kernel_wrapper(as_kernel)
 
 
 def as_kernel(impl):

@@ -24,6 +24,7 @@ from vllm_ascend_ext.attention.gdn.backend import AscendGdnBackend
 from vllm_ascend_ext.attention.gdn.core import GdnDims, GdnWeights, gdn_core
 from vllm_ascend_ext.attention.gdn.ops_table import GdnOps, gdn_ops_for
 from vllm_ascend_ext.errors import AscendExtError
+from vllm_ascend_ext.ops import counting
 
 logger = init_logger("vllm.ascend_ext")
 OP_NAMESPACE = "ascend_ext"
@@ -95,12 +96,15 @@ def _gdn_forward_fake(mixed_qkv, b, a, core_attn_out, layer_name) -> None:
 
 @functools.cache
 def gdn_forward_library() -> torch.library.Library:
-    """Registers ``torch.ops.ascend_ext.gdn_forward`` on first use."""
+    """Registers ``torch.ops.ascend_ext.gdn_forward`` on first use, a layer entry op
+    (``ops/counting.layer_entry``)."""
     from vllm.utils.torch_utils import direct_register_custom_op
 
     lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
     direct_register_custom_op("gdn_forward", run_gdn_forward, mutates_args=["core_attn_out"],
                               fake_impl=_gdn_forward_fake, target_lib=lib)
+    counting.layer_entry(f"{OP_NAMESPACE}.gdn_forward", run_gdn_forward,
+                         counting.ATTENTION_REGION)
     return lib
 
 

@@ -39,6 +39,7 @@ from vllm_ascend_ext.attention.sfa.projections import SfaProjections
 from vllm_ascend_ext.attention.sfa.route import Route
 from vllm_ascend_ext.attention.sfa.transfer import run_with_kv_transfer
 from vllm_ascend_ext.attention.sfa.weights import SfaWeights, prepare
+from vllm_ascend_ext.ops import counting
 
 OP_NAMESPACE = "ascend_ext"
 
@@ -61,12 +62,15 @@ def _sfa_forward_fake(hidden_states: torch.Tensor, output: torch.Tensor, layer_n
 @functools.cache
 def sfa_forward_library() -> torch.library.Library:
     """Registers ``torch.ops.ascend_ext.sfa_forward`` (the plugin's own namespace) on
-    first use and keeps its library alive."""
+    first use and keeps its library alive; declares it a layer entry op (the op counter
+    and the emulated graph capture run its body: ``ops/counting.layer_entry``)."""
     from vllm.utils.torch_utils import direct_register_custom_op
 
     lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
     direct_register_custom_op("sfa_forward", run_sfa_forward, mutates_args=["output"],
                               fake_impl=_sfa_forward_fake, target_lib=lib)
+    counting.layer_entry(f"{OP_NAMESPACE}.sfa_forward", run_sfa_forward,
+                         counting.ATTENTION_REGION)
     return lib
 
 
