@@ -124,11 +124,16 @@ class EmulatedAscendPlatform(CpuPlatform):
         kept = (sched.enable_chunked_prefill, cache.enable_prefix_caching,
                 sched.max_num_batched_tokens)
         capture_sizes = list(vllm_config.compilation_config.cudagraph_capture_sizes or [])
+        executor = parallel.distributed_executor_backend
         super().check_and_update_config(vllm_config)
         if start.npu_engine:
             # vLLM's CPU platform clears the capture sizes vLLM chose; the graph-mode
             # default (platform/graph_mode.py) keeps them or clears them itself.
             vllm_config.compilation_config.cudagraph_capture_sizes = capture_sizes
+            # It also moves a one-rank engine's worker into a process of its own, for its
+            # CPU worker's OpenMP binding; the NPU worker runs in the engine core, as on an
+            # NPU (vLLM's one-rank executor), which spares a process start (~10 s).
+            parallel.distributed_executor_backend = executor
         if start.facts.sparse_mla:
             # vLLM's CPU platform turns chunked prefill and prefix caching off for MLA
             # (its CPU MLA kernel); the SFA backend serves both, on its own block size.
