@@ -142,15 +142,40 @@ def runs():
 SERVER_FILES = ("test_serve_dead_engine.py", "test_serve_startup_stop.py")
 NIGHTLY_FILES = ("test_nightly_dry_run.py",)
 
+# The suite runs on two pytest-xdist workers (pyproject: ``-n 2 --dist loadgroup``). A
+# group runs whole on one worker, in order: a file, or files that share engine runs (the
+# session's ``runs`` cache) or a port (README's servers listen on 8000). Groups start
+# longest first; the unit tests, one unit each, fill the gaps.
+GROUPS = {
+    "test_nightly_dry_run.py": "nightly",
+    "test_readme_commands.py": "doc-commands",
+    "test_engine_path.py": "run_llm", "test_emulated_engine.py": "run_llm",
+    "test_mixed_split.py": "run_llm", "test_moe_engine.py": "run_llm",
+    "test_contract_engine.py": "run_llm",
+    "test_serve_dead_engine.py": "serve", "test_serve_startup_stop.py": "serve",
+}
+ORDER = ("nightly", "doc-commands", "run_llm", "test_sfa_engine", "test_hybrid_accuracy",
+         "test_gdn_engine", "serve")
+
+
+def group_of(item) -> str:
+    return GROUPS.get(item.path.name, item.path.stem)
+
 
 def pytest_collection_modifyitems(config, items):
     here = str(HERE)
+    rank = {}
     for item in items:
         if not str(item.path).startswith(here):
             continue
         item.add_marker(pytest.mark.e2e)
+        group = group_of(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+        rank[item.nodeid] = ORDER.index(group) if group in ORDER else len(ORDER)
         if item.path.name in SERVER_FILES or "-server-" in item.name:
             item.add_marker(pytest.mark.server)
         if item.path.name in NIGHTLY_FILES:
             item.add_marker(pytest.mark.nightly)
             item.add_marker(pytest.mark.slow)
+    # e2e groups first, longest first (a stable sort keeps each group's own order)
+    items.sort(key=lambda it: rank.get(it.nodeid, len(ORDER) + 1))

@@ -45,7 +45,7 @@ def main() -> None:
         with open(os.path.join(model, "config.json"), "w") as f:
             json.dump(CONFIG, f)
         llm = LLM(model=model, dtype="bfloat16", load_format="dummy", max_model_len=512,
-                  enable_prefix_caching=False, max_num_batched_tokens=32,
+                  enable_prefix_caching=False, max_num_batched_tokens=32, enforce_eager=True,
                   additional_config={"ascend_ext": {"mixed_split": "on"}})
         runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
         prompts = ["the quick brown fox " * 5, "numbers like 1 2 3", "a b c d e f g"] * 3

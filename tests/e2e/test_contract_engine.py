@@ -10,7 +10,7 @@ from tests.e2e.conftest import run_script
 
 pytestmark = pytest.mark.e2e
 
-BF16_CHUNKED = ("--dtype", "bfloat16", "--max-num-batched-tokens", "16")
+BF16_CHUNKED = ("--dtype", "bfloat16", "--max-num-batched-tokens", "16", "--enforce-eager")
 
 
 def test_tiny_qwen_moe_runs_in_contract_mode_with_no_violation(runs):
@@ -49,7 +49,7 @@ def test_contract_mode_pretending_a3_and_950_reports_documentation_gaps_per_soc(
 
 
 DSA_ARGS = ("--dtype", "bfloat16", "--max-num-batched-tokens", "64", "--min-words", "130",
-            "--num-prompts", "2", "--max-tokens", "4")
+            "--num-prompts", "2", "--max-tokens", "4", "--enforce-eager")
 MOE_OPS = {"npu_moe_gating_top_k", "npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_swiglu",
            "npu_moe_token_unpermute"}
 NATIVE_OPS = {"npu_rms_norm", "npu_interleave_rope", "npu_kv_rmsnorm_rope_cache",

@@ -14,7 +14,8 @@ from vllm_ascend_ext.platform.probe import npu_present
 
 pytestmark = pytest.mark.e2e
 
-CHUNKED = ("--max-num-batched-tokens", "16")
+# Eager: these tests are not about compilation (tests/e2e/test_engine_path.py captures graphs).
+CHUNKED = ("--max-num-batched-tokens", "16", "--enforce-eager")
 
 
 def _max_logprob_diff(a, b):

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-ARGS = ("--model", "qwen_moe", "--max-num-batched-tokens", "16")
+ARGS = ("--model", "qwen_moe", "--max-num-batched-tokens", "16", "--enforce-eager")
 
 
 def _max_logprob_diff(a, b):

@@ -15,7 +15,8 @@ from tests.e2e.dense_dsa import DenseDSA
 from vllm_ascend_ext.models import tiny_dsa_path
 
 pytestmark = pytest.mark.e2e
-CHUNKED = ("--max-num-batched-tokens", "64", "--min-words", "130", "--count-ops")
+# Eager (not about compilation); test_compiled_model_equals_eager is the compiled run.
+CHUNKED = ("--max-num-batched-tokens", "64", "--min-words", "130", "--count-ops", "--enforce-eager")
 TOPK = 32
 
 
@@ -112,13 +113,14 @@ def test_prefill_decode_disaggregation_moves_all_three_caches(dsa, tmp_path):
     """
     base = dsa(*CHUNKED)
     good, wrong = tmp_path / "float", tmp_path / "w8a8"
-    base_args = ("--min-words", "130", "--max-num-batched-tokens", "64")
+    base_args = ("--min-words", "130", "--max-num-batched-tokens", "64", "--enforce-eager")
     # Producers prefill whole prompts: vLLM's ExampleConnector stores a request's blocks
     # once, after its first scheduled step, so a chunked producer would store partial KV.
     run_script("run_dsa.py", "--kv-role", "kv_producer", "--kv-path", str(good), "--max-tokens",
-               "1", "--min-words", "130", emulate=True)
+               "1", "--min-words", "130", "--enforce-eager", emulate=True)
     run_script("run_dsa.py", "--kv-role", "kv_producer", "--kv-path", str(wrong), "--max-tokens",
-               "1", "--min-words", "130", "--quantized", emulate=True)
+               "1", "--min-words", "130", "--quantized", "--enforce-eager",
+               emulate=True)
     consumer = run_script("run_dsa.py", "--kv-role", "kv_consumer", "--kv-path", str(good),
                           *base_args, emulate=True)
     control = run_script("run_dsa.py", "--kv-role", "kv_consumer", "--kv-path", str(wrong),
@@ -149,8 +151,18 @@ def test_per_step_counts_do_not_grow_with_depth_and_the_indexer_gemm_runs_once(d
 
 def test_w8a8_model_under_dummy_loading_is_deterministic():
     """vLLM leaves int8 parameters uninitialised under load_format=dummy; the plugin fills them."""
-    args = ("--quantized", "--dummy", "--num-prompts", "2", "--max-tokens", "4")
+    args = ("--quantized", "--dummy", "--num-prompts", "2", "--max-tokens", "4", "--enforce-eager")
     a = run_script("run_dsa.py", *args, emulate=True)
     b = run_script("run_dsa.py", *args, emulate=True)
     assert {rt[0] for rt in a["routes"]} == {"prolog_v3"}
     assert a["tokens"] == b["tokens"] and a["logprobs"] == b["logprobs"]
+
+
+def test_compiled_model_equals_eager(dsa):
+    """The SFA model compiled as served (torch.compile; SFA captures no decode graphs):
+    the same tokens and logprobs as the eager runs the other tests read."""
+    eager = dsa(*CHUNKED)
+    compiled = dsa(*(a for a in CHUNKED if a != "--enforce-eager"))
+    assert compiled["backends"] == ["ASCEND_EXT_SFA"] and compiled["steps"]
+    assert compiled["tokens"] == eager["tokens"]
+    assert _max_lp_diff(compiled, eager) < 1e-4
