@@ -25,7 +25,7 @@ from vllm_ascend_ext.attention.fia.impl import AscendFIAImpl
 from vllm_ascend_ext.attention.fia.metadata import AscendFIAMetadata
 from vllm_ascend_ext.attention.fia.plan import BatchMetadataError
 from vllm_ascend_ext.attention.fia.split import Boundary, Span, find_boundary, spans, step_spans
-from vllm_ascend_ext.attention.kv_layout import plane_block_table, plane_slots
+from vllm_ascend_ext.attention.kv_layout import plane_block_table, plane_slots, plane_views
 from vllm_ascend_ext.ops.fia_checks import FIAArgumentError
 
 NQ, NKV, D, BS, NB = 4, 2, 64, 16, 16
@@ -210,3 +210,27 @@ def test_a_decode_graph_step_is_one_span_and_a_split_step_is_refused_on_replay()
     mixed = _builder("on").build(0, _cam(Q_LENS, SEQ_LENS))
     with pytest.raises(BatchMetadataError, match="a split \\(mixed\\) step was replayed"):
         update_before_replay({"layer.0": dataclasses.replace(mixed, graph_tasks=object())}, 17)
+
+
+def test_a_strided_query_reaches_fia_contiguous_in_contract_mode(contract):
+    """Eager, the query is a strided split of the fused QKV output (RoPE rotates it in
+    place); FIA takes no strided query. Contract mode (the torch_npu call site, checked;
+    bf16 as on the NPU) passes and the values are dense attention's; the strided query
+    handed to FIA as it is (the span call without the forward) is refused."""
+    from vllm_ascend_ext.contract.harness import ContractViolation
+
+    harness = contract("ascend910b2")
+    query, key, value, kv_cache, expected = (t.to(torch.bfloat16) for t in _problem())
+    strided = torch.cat([query, key, value], dim=-1)[:, : NQ * D]
+    assert not strided.is_contiguous()
+    md = _metadata(_decode_prefill())
+    output = torch.zeros_like(query)
+    impl = AscendFIAImpl(NQ, D, D**-0.5, NKV)
+    impl.forward(None, strided, key, value, kv_cache.clone(), md, output)
+    n = CU[-1]
+    torch.testing.assert_close(output[:n].view(n, NQ, D).float(), expected.float(),
+                               atol=3e-2, rtol=3e-2)
+    assert harness.calls["npu_fused_infer_attention_score"] == 2
+    key_cache, value_cache, _ = plane_views(kv_cache, md.plane_factor)
+    with pytest.raises(ContractViolation, match="query: non-contiguous tensor"):
+        impl._fia(strided, key_cache, value_cache, md, md.spans[0])
