@@ -137,11 +137,9 @@ def runs():
     return get
 
 
-# Markers, in one place: every e2e test is ``e2e``; servers and the nightly dry run are
-# marked too, so that ``-m "not server and not nightly"`` runs the engine tests alone.
-SERVER_FILES = ("test_serve_dead_engine.py", "test_serve_startup_stop.py")
-NIGHTLY_FILES = ("test_nightly_dry_run.py",)
-
+# Markers, in one place: every e2e test is ``e2e``; servers (the ``serve`` group and the
+# documentation's server blocks) and the nightly dry run are marked too, so that
+# ``-m "not server and not nightly"`` runs the engine tests alone.
 # The suite runs on two pytest-xdist workers (pyproject: ``-n 2 --dist loadgroup``). A
 # group runs whole on one worker, in order: a file, or files that share engine runs (the
 # session's ``runs`` cache) or a port (README's servers listen on 8000). Groups start
@@ -172,9 +170,9 @@ def pytest_collection_modifyitems(config, items):
         group = group_of(item)
         item.add_marker(pytest.mark.xdist_group(group))
         rank[item.nodeid] = ORDER.index(group) if group in ORDER else len(ORDER)
-        if item.path.name in SERVER_FILES or "-server-" in item.name:
+        if group == "serve" or "-server-" in item.name:
             item.add_marker(pytest.mark.server)
-        if item.path.name in NIGHTLY_FILES:
+        if group == "nightly":
             item.add_marker(pytest.mark.nightly)
             item.add_marker(pytest.mark.slow)
     # e2e groups first, longest first (a stable sort keeps each group's own order)

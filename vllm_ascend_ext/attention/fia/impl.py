@@ -88,7 +88,7 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
                 key[:n].view(n, self.num_kv_heads, self.head_size).contiguous(),
                 value[:n].view(n, self.num_kv_heads, self.head_size).contiguous(),
                 key_cache, value_cache, md.slot_indices, cache_mode="Norm")
-        if md.spans and not query.is_contiguous():
+        if md.spans:
             # FIA takes no strided query either ("不支持非连续的Tensor"): eager, a query that
             # RoPE rotated in place inside the fused QKV output is a strided split of it
             # (compiled, it arrives contiguous and nothing is copied).
