@@ -89,6 +89,9 @@ def register() -> None:
     from vllm_ascend_ext.attention.gdn.layer import register as register_gdn
 
     register_gdn()
+    from vllm_ascend_ext.layers import register as register_layer_ops
+
+    register_layer_ops()
     from vllm_ascend_ext.ops._ext import report_if_missing
 
     report_if_missing()

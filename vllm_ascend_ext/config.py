@@ -22,6 +22,7 @@ SECTION = "ascend_ext"
 MIXED_SPLIT_CHOICES = ("auto", "on", "off")
 SFA_PREPROCESS_CHOICES = ("auto", "native", "prolog_v3")
 WEIGHT_NZ_CHOICES = ("auto", "off")
+LAYER_OPS_CHOICES = ("fused", "native")
 
 
 class AscendExtConfigError(AscendExtError):
@@ -45,6 +46,8 @@ class AscendExtConfig:
     sfa: SfaConfig = field(default_factory=SfaConfig)
     # Quantized (int8) matmul weights in FRACTAL_NZ: "auto" where the docs give it (A2/A3).
     weight_nz: str = "auto"
+    # RMSNorm / RoPE / SiluAndMul: torch_npu's fused operators, or vLLM's native PyTorch.
+    layer_ops: str = "fused"
 
 
 # One schema drives parsing, errors and the README table (tests/ut/test_readme_ci.py): key -> (type, choices, doc).
@@ -54,6 +57,8 @@ _SCHEMA: dict[str, dict[str, tuple[type, tuple[str, ...] | None, str]]] = {
         "sfa": (dict, None, "sparse-attention (SFA) section"),
         "weight_nz": (str, WEIGHT_NZ_CHOICES,
                       "int8 weights in FRACTAL_NZ (auto: on A2/A3; off: keep ND)"),
+        "layer_ops": (str, LAYER_OPS_CHOICES,
+                      "RMSNorm, RoPE, SiluAndMul: fused torch_npu ops, or vLLM's native"),
     },
     "sfa": {
         "preprocess": (str, SFA_PREPROCESS_CHOICES, "SFA preprocessing route"),

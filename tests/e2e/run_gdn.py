@@ -111,6 +111,7 @@ def main() -> None:
     p.add_argument("--count-ops", action="store_true")
     p.add_argument("--eager", action="store_true")
     p.add_argument("--mixed-split", default="auto")
+    p.add_argument("--layer-ops", default="fused", help="ascend_ext.layer_ops value")
     args = p.parse_args()
     if args.corrupt:
         corrupt(args.corrupt)
@@ -127,7 +128,8 @@ def main() -> None:
     path = tiny_qwen3_next_path()
     llm = LLM(model=path, dtype=args.dtype, seed=0, max_model_len=512,
               max_num_batched_tokens=args.budget, max_num_seqs=16, enforce_eager=args.eager,
-              additional_config={"ascend_ext": {"mixed_split": args.mixed_split}}, **kwargs)
+              additional_config={"ascend_ext": {"mixed_split": args.mixed_split,
+                                                 "layer_ops": args.layer_ops}}, **kwargs)
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     model = runner.model
@@ -172,6 +174,12 @@ def main() -> None:
     if args.hf:
         result["hf_tokens"], result["hf_logprobs"] = hf_greedy(path, result["prompt_token_ids"],
                                                                 args.max_tokens)
+    from vllm_ascend_ext.contract import mode
+
+    if mode.enabled():  # this process ran every NPU call (uni executor)
+        h = mode.harness()
+        result["contract"] = {"calls": dict(h.calls), "violations": h.violations,
+                              "summary": h.summary()}
     print("RESULT " + json.dumps(result))
 
 

@@ -25,7 +25,7 @@ MODELS = Path(__file__).resolve().parents[2] / "vllm_ascend_ext" / "models"
 HEAD = ["parse: ascend_ext options", "platform: check", "parse: model facts",
         "parse: quantization description", "refuse: expert parallelism",
         "refuse: data parallelism with MoE", "platform: refuse"]
-TAIL = ["default: exact host lists", "preflight", "platform: finish"]
+TAIL = ["default: exact host lists", "default: layer ops", "preflight", "platform: finish"]
 # The whole sequence of one start, for a standard decoder, an SFA and a hybrid model.
 EXPECTED = {
     "tiny_qwen3": HEAD + ["refuse: drafter speculation", "platform: setup",
@@ -153,7 +153,7 @@ def _bare_config(**parallel):
         cache_config=SimpleNamespace(user_specified_block_size=False, block_size=16),
         compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL,
                                            cudagraph_capture_sizes=[1],
-                                           max_cudagraph_capture_size=1))
+                                           max_cudagraph_capture_size=1, custom_ops=["all"]))
 
 
 def _recording_side(log: list[str], npu_engine: bool = True) -> startup.Side:

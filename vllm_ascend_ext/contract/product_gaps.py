@@ -26,6 +26,7 @@ GAPS: dict[str, dict[str, str]] = {
     "npu_moe_gating_top_k_softmax": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
     "npu_grouped_matmul": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
     "npu_swiglu": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
+    "npu_gemma_rms_norm": {"A5": _SAME},
     "npu_moe_init_routing_v2": {"A5": _SAME},
     "npu_scatter_pa_kv_cache": {"A5": _SAME},
     "npu_dynamic_quant": {"A5": _SAME},

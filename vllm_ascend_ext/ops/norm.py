@@ -1,8 +1,13 @@
-"""``torch_npu.npu_rms_norm(self, gamma, epsilon=1e-6) -> (y, rstd)``.
+"""``torch_npu.npu_rms_norm`` and ``torch_npu.npu_gemma_rms_norm``.
 
-Semantics (``docs/npu-ops.md`` §5): fp32 compute over the trailing
-``gamma.dim()`` dims; ``rstd = rsqrt(mean(x^2) + eps)`` (fp32, keepdim);
-``y = (x * rstd * gamma).to(x.dtype)``; gamma may be fp32 with fp16/bf16 x.
+- ``npu_rms_norm(self, gamma, epsilon=1e-6) -> (y, rstd)``: fp32 compute over the
+  trailing ``gamma.dim()`` dims; ``rstd = rsqrt(mean(x^2) + eps)`` (fp32, keepdim);
+  ``y = (x * rstd * gamma).to(x.dtype)``.
+- ``npu_gemma_rms_norm(self, gamma, epsilon=1e-6) -> (y, rstd)``: the same with the
+  Gemma scale ``(1 + gamma)`` (computed in fp32), as vLLM's ``GemmaRMSNorm``; its
+  documentation asks a contiguous input and gamma in the input's dtype.
+
+Details and sources: ``docs/operators.md``.
 """
 
 from __future__ import annotations
@@ -60,3 +65,26 @@ def npu_rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6):
 
 RMS_NORM = NpuOp(OP, npu=rms_norm_npu, reference=rms_norm_reference, meta=rms_norm_meta,
                  rules="NORM_QUANT_RULES")
+
+GEMMA_OP = "npu_gemma_rms_norm"
+
+
+def gemma_rms_norm_reference(x, gamma, epsilon=1e-6):
+    dims = _check(x, gamma)
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(dim=dims, keepdim=True) + epsilon)
+    return (xf * rstd * (1.0 + gamma.float())).to(x.dtype), rstd
+
+
+def gemma_rms_norm_npu(x, gamma, epsilon=1e-6):
+    return torch_npu_module().npu_gemma_rms_norm(x, gamma, epsilon)
+
+
+@npu_op(GEMMA_OP)
+def npu_gemma_rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6):
+    impl = GEMMA_RMS_NORM.pick(x.device)
+    return impl(x, gamma, epsilon)
+
+
+GEMMA_RMS_NORM = NpuOp(GEMMA_OP, npu=gemma_rms_norm_npu, reference=gemma_rms_norm_reference,
+                       meta=rms_norm_meta, rules="LAYER_OP_RULES")

@@ -18,6 +18,7 @@ from types import ModuleType
 
 from vllm_ascend_ext.ops import (
     _ext,
+    add_rms_norm,
     causal_conv1d,
     counting,
     fia,
@@ -33,6 +34,7 @@ from vllm_ascend_ext.ops import (
     mla_prolog_k3,
     moe_dispatch,
     moe_gating,
+    mrope,
     norm,
     quant,
     rope,
@@ -41,9 +43,9 @@ from vllm_ascend_ext.ops import (
 from vllm_ascend_ext.ops.op_record import NpuOp
 
 MODULES: tuple[ModuleType, ...] = (
-    causal_conv1d, fia, format, gdn_chunk, gdn_ext, gdn_recurrent, grouped_matmul, kv_cache,
-    kv_rmsnorm_rope_cache, lightning_indexer, mla_prolog, mla_prolog_k3, moe_dispatch,
-    moe_gating, norm, quant, rope, sparse_flash_attention,
+    add_rms_norm, causal_conv1d, fia, format, gdn_chunk, gdn_ext, gdn_recurrent,
+    grouped_matmul, kv_cache, kv_rmsnorm_rope_cache, lightning_indexer, mla_prolog, mla_prolog_k3, moe_dispatch,
+    moe_gating, mrope, norm, quant, rope, sparse_flash_attention,
 )
 
 

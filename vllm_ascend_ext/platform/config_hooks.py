@@ -120,6 +120,26 @@ def sfa_block_size(cache_config) -> None:
         cache_config.block_size = DEFAULT_BLOCK_SIZE
 
 
+def layer_ops_switch(vllm_config) -> None:
+    """``ascend_ext.layer_ops`` as vLLM's own custom-op switch: "fused" adds ``+rms_norm``
+    ... to ``compilation_config.custom_ops`` (on even where vLLM's default is off, under
+    Inductor), "native" adds ``-rms_norm`` ...; a user's explicit opposite is refused."""
+    from vllm_ascend_ext.layers import custom_op_names
+
+    choice = get_config(vllm_config).layer_ops
+    sign, other = ("+", "-") if choice == "fused" else ("-", "+")
+    custom_ops = vllm_config.compilation_config.custom_ops
+    clashes = [f"{other}{name}" for name in custom_op_names() if f"{other}{name}" in custom_ops]
+    if clashes:
+        raise AscendExtError(
+            f"ascend_ext.layer_ops={choice!r} contradicts compilation_config.custom_ops "
+            f"{clashes}: drop those entries, or set ascend_ext.layer_ops to "
+            f"{'native' if choice == 'fused' else 'fused'!r}")
+    for name in custom_op_names():
+        if f"{sign}{name}" not in custom_ops:
+            custom_ops.append(f"{sign}{name}")
+
+
 def exact_host_lists_with_speculation(vllm_config) -> None:
     """Under async scheduling with speculation vLLM's ``seq_lens_cpu_upper_bound`` is only
     a bound, and FIA's host lists must be exact: async scheduling goes off (vLLM's CPU

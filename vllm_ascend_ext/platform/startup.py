@@ -13,7 +13,7 @@ refuse                an SFA model's block size (the user's), drafter speculatio
 side.setup            the platform's own set-up (NPU: spawn, worker, block size; emulated:
                       worker, KV-cache size, vLLM's CPU platform)
 default               hybrid prefix caching, graph mode (NPU engine), SFA block size,
-                      exact host lists under speculation
+                      exact host lists under speculation, layer ops (vLLM's custom_ops)
 preflight             the model's attention against the backend
 side.finish           the platform's own last words (emulated: compile backend and cache)
 ====================  =========================================================================
@@ -98,6 +98,7 @@ def run(vllm_config, side: Side, *, on_step: Callable[[str], None] | None = None
     if facts.sparse_mla:
         step("default: SFA block size", hooks.sfa_block_size, cache)
     step("default: exact host lists", hooks.exact_host_lists_with_speculation, vllm_config)
+    step("default: layer ops", hooks.layer_ops_switch, vllm_config)
 
     step("preflight", preflight, side.name, soc, vllm_config, facts)
     step("platform: finish", side.finish, start)

@@ -1,0 +1,77 @@
+"""Documented rules of the operators the plugin's layer ops call outside attention and
+MoE (``layers/``): RMSNorm with and without the residual add, Gemma's RMSNorm, RoPE.
+
+``npu_rms_norm``'s rules stay in ``op_rules.NORM_QUANT_RULES`` (the SFA path calls it
+too); ``npu_swiglu``'s in ``MOE_RULES``. ``npu_add_rms_norm`` has a schema and an
+official Meta kernel but no documentation page in the wheel: no rule beyond those.
+Quotes are substrings of torch-npu 2.13.0's ``_op_plugin_docs.py`` (checked in tests/ut).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_ascend_ext.contract.rules import (
+    Call,
+    Rule,
+    all_of,
+    contiguous,
+    dims_in,
+    dtype_in,
+    indices_in_range,
+    tensor,
+)
+
+F16, BF16, F32, I32, I64 = (torch.float16, torch.bfloat16, torch.float32, torch.int32,
+                            torch.int64)
+GEMMA, MROPE = "npu_gemma_rms_norm", "npu_mrope"
+
+
+def _gamma_dtype_as_input(call: Call) -> str | None:
+    x, gamma = tensor(call, "self"), tensor(call, "gamma")
+    if x is not None and gamma is not None and x.dtype != gamma.dtype:
+        return f"gamma dtype {gamma.dtype} differs from the input's {x.dtype}"
+    return None
+
+
+def _rotary_dim_multiple(call: Call) -> str | None:
+    query, cache = tensor(call, "query"), tensor(call, "cos_sin_cache")
+    if query is None or cache is None or cache.dim() != 2:
+        return None
+    multiple = 32 if query.dtype in (F16, BF16) else 16
+    rotary_dim = cache.shape[-1]
+    if rotary_dim % multiple:
+        return (f"rotary_dim {rotary_dim} (cos_sin_cache's last dim) is not a multiple of "
+                f"{multiple} for {str(query.dtype).removeprefix('torch.')} input")
+    return None
+
+
+def _rope_mode(call: Call) -> str | None:
+    mode = call.values.get("rotary_mode")
+    return None if mode in ("half", "interleave") else f"rotary_mode={mode!r}"
+
+
+def _cache_rows(call: Call) -> int:
+    cache = tensor(call, "cos_sin_cache")
+    return 0 if cache is None else cache.shape[0]
+
+
+LAYER_OP_RULES = (
+    Rule(GEMMA, "self", "不支持非连续tensor", contiguous("self")),
+    Rule(GEMMA, "self", "input: Device侧的Tensor类型，表示输入的需要归一化的数据。shape支持1-8维度，数据格式支持ND。数据类型支持FLOAT32、FLOAT16、BFLOAT16",
+         dtype_in("self", F16, BF16, F32)),
+    Rule(GEMMA, "gamma", "数据类型支持FLOAT32、FLOAT16、BFLOAT16，与input数据类型保持一致",
+         _gamma_dtype_as_input),
+    Rule(MROPE, "query", "queryIn、keyIn、cosSinCache只支持2维shape输入", dims_in("query", 2)),
+    Rule(MROPE, "key", "queryIn、keyIn、cosSinCache只支持2维shape输入", dims_in("key", 2)),
+    Rule(MROPE, "cos_sin_cache", "queryIn、keyIn、cosSinCache只支持2维shape输入",
+         dims_in("cos_sin_cache", 2)),
+    Rule(MROPE, "cos_sin_cache", "当输入是BFLOAT16或FLOAT16时，rotary_dim要求是32的倍数",
+         _rotary_dim_multiple),
+    Rule(MROPE, "positions", "数据类型支持INT32、INT64，数据格式支持ND",
+         all_of(dtype_in("positions", I32, I64), dims_in("positions", 1, 2))),
+    Rule(MROPE, "positions", "当输入tensor positions中值域超过cosSinCache的0维maxSeqLen，会有越界报错",
+         indices_in_range("positions", _cache_rows, negative_ok=False)),
+    Rule(MROPE, "rotary_mode", "'half'表示rotate_half(GPT-NeoX style)计算模式，'interleave'表示",
+         _rope_mode),
+)

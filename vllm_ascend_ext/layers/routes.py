@@ -1,0 +1,80 @@
+"""Which route each of the plugin's layer ops takes: pure functions of shapes and dtypes.
+
+The layer ops (``layers/``) call one fused torch_npu operator where its documentation
+covers the case and fall back to vLLM's native PyTorch where it does not; the decision is
+made here, from Python values only (no tensor is read), so it costs no host sync and is
+tested without vLLM. Each function returns ``(route, why)``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+FUSED, NATIVE = "fused", "native"
+_HALF = (torch.float16, torch.bfloat16)
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@functools.cache
+def rms_norm_route(x_dtype: torch.dtype, weight_dtype: torch.dtype, has_weight: bool,
+                   variance_size_override: int | None,
+                   residual_dtype: torch.dtype | None = None) -> tuple[str, str]:
+    """``npu_rms_norm`` / ``npu_add_rms_norm`` for vLLM's ``RMSNorm``."""
+    if residual_dtype is not None and residual_dtype != x_dtype:
+        return NATIVE, (f"residual dtype {residual_dtype} differs from the input's {x_dtype} "
+                        "(npu_add_rms_norm adds two tensors of one dtype)")
+    if variance_size_override is not None:
+        return NATIVE, ("the variance is taken over a prefix of the hidden size "
+                        f"({variance_size_override}); the fused ops normalise over all of it")
+    if not has_weight:
+        return NATIVE, "no weight: the fused ops multiply by gamma"
+    if x_dtype not in _FLOATS:
+        return NATIVE, f"input dtype {x_dtype} is not float16, bfloat16 or float32"
+    if weight_dtype != x_dtype:
+        return NATIVE, (f"weight dtype {weight_dtype} differs from the input's {x_dtype} "
+                        "(npu_rms_norm asks them equal)")
+    return FUSED, "npu_rms_norm (npu_add_rms_norm with a residual)"
+
+
+@functools.cache
+def gemma_norm_route(x_dtype: torch.dtype, weight_dtype: torch.dtype,
+                     residual_dtype: torch.dtype | None = None) -> tuple[str, str]:
+    """``npu_gemma_rms_norm`` / ``npu_add_rms_norm`` with ``1 + w`` for ``GemmaRMSNorm``."""
+    if residual_dtype is not None and residual_dtype != x_dtype:
+        return NATIVE, (f"residual dtype {residual_dtype} differs from the input's {x_dtype} "
+                        "(npu_add_rms_norm adds two tensors of one dtype)")
+    if x_dtype not in _FLOATS:
+        return NATIVE, f"input dtype {x_dtype} is not float16, bfloat16 or float32"
+    if weight_dtype != x_dtype:
+        return NATIVE, (f"weight dtype {weight_dtype} differs from the input's {x_dtype} "
+                        "(npu_gemma_rms_norm asks them equal)")
+    return FUSED, "npu_gemma_rms_norm (npu_add_rms_norm with gamma 1 + w and a residual)"
+
+
+@functools.cache
+def rope_route(head_size: int, rotary_dim: int, dtype: torch.dtype,
+               has_key: bool) -> tuple[str, str]:
+    """``npu_mrope`` (rope mode) for vLLM's ``RotaryEmbedding``."""
+    if not has_key:
+        return NATIVE, "no key: npu_mrope rotates query and key together"
+    if dtype not in _FLOATS:
+        return NATIVE, f"dtype {dtype} is not float16, bfloat16 or float32"
+    multiple = 32 if dtype in _HALF else 16
+    if rotary_dim % multiple:
+        return NATIVE, (f"rotary_dim {rotary_dim} is not a multiple of {multiple} "
+                        f"({str(dtype).removeprefix('torch.')}), as npu_mrope asks")
+    if rotary_dim > head_size:
+        return NATIVE, f"rotary_dim {rotary_dim} exceeds head_size {head_size}"
+    return FUSED, "npu_mrope (rope mode: one launch for query and key)"
+
+
+@functools.cache
+def swiglu_route(dtype: torch.dtype, width: int) -> tuple[str, str]:
+    """``npu_swiglu`` for vLLM's ``SiluAndMul``."""
+    if dtype not in _FLOATS:
+        return NATIVE, f"dtype {dtype} is not float16, bfloat16 or float32"
+    if width % 2:
+        return NATIVE, f"last dim {width} is odd"
+    return FUSED, "npu_swiglu"
