@@ -155,6 +155,7 @@ def main() -> None:
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--dummy", action="store_true", help="load_format=dummy")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--layer-ops", default=None, help="ascend_ext.layer_ops value")
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
@@ -170,6 +171,8 @@ def main() -> None:
     cfg: dict = {}
     if args.preprocess:
         cfg["sfa"] = {"preprocess": args.preprocess}
+    if args.layer_ops:
+        cfg["layer_ops"] = args.layer_ops
     if cfg:
         kwargs["additional_config"] = {"ascend_ext": cfg}
     if args.kv_role:

@@ -341,6 +341,60 @@ def _group_list_covers_x(call: Call) -> str | None:
     return None
 
 
+GMM_SQ = "npu_grouped_matmul_swiglu_quant"
+
+
+def _dynamic_quant(call: Call) -> bool:
+    return call.values.get("quant_mode") == 1
+
+
+def _absent(name: str):
+    def check(call: Call) -> str | None:
+        return None if call.values.get(name) is None else f"{name} given; documented as not taken"
+    return check
+
+
+def _init_smooth_scale(call: Call) -> str | None:
+    scale, x = tensor(call, "scale"), tensor(call, "x")
+    if scale is None or x is None:
+        return None
+    span = call.values.get("active_expert_range") or [0, _expert_num(call)]
+    want = (span[1] - span[0], x.shape[1])
+    return None if tuple(scale.shape) == want else f"shape {tuple(scale.shape)}; documented {want}"
+
+
+def _gsq_groups_per_expert(call: Call) -> str | None:
+    groups, weight = tensor(call, "group_list"), tensor(call, "weight")
+    if groups is None or weight is None or groups.shape[0] == weight.shape[0]:
+        return None
+    return f"{groups.shape[0]} groups; weight has {weight.shape[0]} experts"
+
+
+def _gsq_running_sums(call: Call) -> str | None:
+    groups, x = tensor(call, "group_list"), tensor(call, "x")
+    if groups is None or x is None or groups.device.type == "meta" or groups.numel() == 0:
+        return None
+    ends = groups.tolist()
+    if ends[0] < 0 or any(b < a for a, b in zip(ends, ends[1:])) or ends[-1] > x.shape[0]:
+        return f"group_list {ends} is not a non-decreasing running sum within x's {x.shape[0]} rows"
+    return None
+
+
+def _gsq_weight_scale_shape(call: Call) -> str | None:
+    scale, weight = tensor(call, "weight_scale"), tensor(call, "weight")
+    if scale is None or weight is None:
+        return None
+    want = (weight.shape[0], weight.shape[-1])
+    return None if tuple(scale.shape) == want else f"shape {tuple(scale.shape)}; documented {want}"
+
+
+def _gsq_x_scale_shape(call: Call) -> str | None:
+    scale, x = tensor(call, "x_scale"), tensor(call, "x")
+    if scale is None or x is None or tuple(scale.shape) == (x.shape[0],):
+        return None
+    return f"shape {tuple(scale.shape)}; documented ({x.shape[0]},)"
+
+
 def _pairs(call: Call) -> int:
     indices = tensor(call, "sorted_indices")
     return 0 if indices is None else indices.numel()
@@ -365,6 +419,30 @@ MOE_RULES = (
     Rule(UNPERMUTE, "sorted_indices", "取值范围是[0, tokens_num * topK_num - 1]，且没有重复索引",
          all_of(dtype_in("sorted_indices", I32), indices_in_range("sorted_indices", _pairs, False))),
     Rule(UNPERMUTE, "padded_mode", "padded_mode当前仅支持False", _value_in("padded_mode", False)),
+    # npu_moe_init_routing_v2 in dynamic quant mode (quant_mode=1)
+    Rule(INIT, "x", "x数据类型为int8时仅支持-1，不可再量化",
+         when(_dynamic_quant, dtype_in("x", F16, BF16, F32))),
+    Rule(INIT, "scale", "动态quant场景下，如果输入则要求为2D的Tensor，shape为(expert_end-expert_start, H)",
+         when(_dynamic_quant, _init_smooth_scale)),
+    Rule(INIT, "offset", "动态quant场景下不输入", when(_dynamic_quant, _absent("offset"))),
+    # npu_grouped_matmul_swiglu_quant
+    Rule(GMM_SQ, "x", "shape支持2维，数据类型支持INT8，数据格式支持ND",
+         all_of(dtype_in("x", I8), dims_in("x", 2))),
+    Rule(GMM_SQ, "weight", "数据类型支持INT8，数据格式支持FRACTAL_NZ",
+         all_of(dtype_in("weight", I8), _format("weight", ACL_FORMAT_FRACTAL_NZ)),
+         note="'需注意该接口会将weight的数据格式强制视为FRACTAL_NZ格式': an ND weight would be "
+              "read as NZ; the plugin casts it once after loading"),
+    Rule(GMM_SQ, "group_list", "长度需与weight的首轴维度相等，数据类型支持INT64",
+         all_of(dtype_in("group_list", I64), dims_in("group_list", 1), _gsq_groups_per_expert)),
+    Rule(GMM_SQ, "group_list", "即有效数据截至到group_list[-1]", _gsq_running_sums,
+         note="read as running sums (the example's non-decreasing group_list; vllm-ascend "
+              "passes cumsum_group_list(..., 0)); the last one may not exceed x's rows"),
+    Rule(GMM_SQ, "weight_scale", "尾轴长度需要与weight还原为ND格式的尾轴相同，数据类型支持FLOAT、FLOAT16、BFLOAT16",
+         all_of(dtype_in("weight_scale", F32, F16, BF16), _gsq_weight_scale_shape)),
+    Rule(GMM_SQ, "x_scale", "shape支持1维，长度需与x的首轴维度相等，数据类型支持FLOAT",
+         all_of(dtype_in("x_scale", F32), _gsq_x_scale_shape)),
+    Rule(GMM_SQ, "bias", "bias（可选，暂不支持，Tensor）", _absent("bias")),
+    Rule(GMM_SQ, "offset", "offset（可选，暂不支持，Tensor）", _absent("offset")),
 )
 
 # --- Gated-DeltaNet ------------------------------------------------------------------------

@@ -20,6 +20,11 @@ _SAME = ("called as on {listed}: the plugin has no other route; unverified on th
 _A3_IN_PRODUCTION = ("called as on A2, as vllm-ascend's MoE path does on every SoC it serves "
                      "(no SoC branch there, A3 among them); the 2.13 documentation lists "
                      "{listed} only")
+# Written out: its 支持的型号 ("A2训练、推理系列产品", "A3训练、推理系列产品") reads as
+# 310P/A2/A3 to docs.families (the 推理系列 after 、 is A2's inference series, not 310P).
+_UNFUSED_THERE = ("not called there: the W8A8 experts take it only with FRACTAL_NZ weights "
+                  "(A2/A3); elsewhere they run npu_dynamic_quant, npu_grouped_matmul and "
+                  "npu_swiglu instead; the 2.13 documentation lists A2/A3 only")
 
 # op -> {family the docs do not list: the route the plugin takes there}
 GAPS: dict[str, dict[str, str]] = {
@@ -27,12 +32,14 @@ GAPS: dict[str, dict[str, str]] = {
     "npu_grouped_matmul": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
     "npu_swiglu": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
     "npu_gemma_rms_norm": {"A5": _SAME},
+    "npu_add_rms_norm_dynamic_quant": {"A5": _SAME},
     "npu_moe_init_routing_v2": {"A5": _SAME},
     "npu_scatter_pa_kv_cache": {"A5": _SAME},
     "npu_dynamic_quant": {"A5": _SAME},
     "npu_quant_matmul": {"A5": _SAME},
     "npu_chunk_gated_delta_rule": {"A5": _SAME},
     "npu_recurrent_gated_delta_rule": {"A5": _SAME},
+    "npu_grouped_matmul_swiglu_quant": {"A5": _UNFUSED_THERE},
 }
 
 

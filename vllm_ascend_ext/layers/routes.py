@@ -78,3 +78,16 @@ def swiglu_route(dtype: torch.dtype, width: int) -> tuple[str, str]:
     if width % 2:
         return NATIVE, f"last dim {width} is odd"
     return FUSED, "npu_swiglu"
+
+
+@functools.cache
+def norm_quant_route(x_dtype: torch.dtype, weight_dtype: torch.dtype) -> tuple[str, str]:
+    """``npu_add_rms_norm_dynamic_quant`` for a post-attention RMSNorm whose only consumer
+    is a W8A8 dynamic linear (a dense W8A8 MLP's gate_up_proj)."""
+    if x_dtype not in _HALF:
+        return NATIVE, (f"input dtype {x_dtype}: npu_add_rms_norm_dynamic_quant takes "
+                        "float16 or bfloat16")
+    if weight_dtype != x_dtype:
+        return NATIVE, (f"weight dtype {weight_dtype} differs from the input's {x_dtype} "
+                        "(the op asks gamma in x1's dtype)")
+    return FUSED, "npu_add_rms_norm_dynamic_quant feeding npu_quant_matmul"

@@ -47,6 +47,8 @@ from vllm_ascend_ext.attention.sfa.indexer import IndexerSpec
 from vllm_ascend_ext.attention.sfa.layer import SfaLayer
 from vllm_ascend_ext.attention.sfa.projections import SfaProjections
 from vllm_ascend_ext.attention.sfa.weights import PROLOG_SOURCES
+from vllm_ascend_ext.config import get_config
+from vllm_ascend_ext.layers.norm_quant import mlp_after_norm, takes_fused_norm_quant
 from vllm_ascend_ext.quantization.w8a8_dynamic import is_w8a8
 
 logger = init_logger("vllm.ascend_ext")
@@ -131,7 +133,6 @@ class DsaAttention(nn.Module):
         self.rotary_emb = get_rope(self.qk_rope_head_dim,
                                    max_position=getattr(config, "max_position_embeddings", 8192),
                                    rope_parameters=rope_parameters, is_neox_style=False)
-        from vllm_ascend_ext.config import get_config
 
         route = sfa_route.decide(layer_facts(vllm_config, self),
                                  get_config(vllm_config).sfa.preprocess)
@@ -179,6 +180,8 @@ class DsaDecoderLayer(nn.Module):
                                      quant_config=vllm_config.quant_config, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # A dense W8A8 MLP takes the post-attention norm's int8 output (layers/norm_quant.py)
+        self.fused_norm_quant = takes_fused_norm_quant(self.mlp, get_config(vllm_config).layer_ops)
 
     def forward(self, positions, hidden_states, residual):
         if residual is None:
@@ -187,6 +190,11 @@ class DsaDecoderLayer(nn.Module):
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states)
+        if self.fused_norm_quant:
+            fused = mlp_after_norm(self.post_attention_layernorm, self.mlp, hidden_states,
+                                   residual)
+            if fused is not None:
+                return fused
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 

@@ -14,6 +14,11 @@ A step issues a fixed sequence per layer, whatever the number of experts and tok
 W8A8-dynamic experts (``routed_experts_w8a8``) quantize each expanded row with
 ``npu_dynamic_quant`` before each grouped matmul, which then scales by the weight's
 per-channel and the row's per-token scale: two more calls per layer.
+``routed_experts_w8a8_fused`` is vllm-ascend's single-device W8A8 dynamic sequence, four
+calls after routing: ``npu_moe_init_routing_v2(quant_mode=1)`` (the rows come out int8
+with their per-row scales), ``npu_grouped_matmul_swiglu_quant`` (``w13`` GEMM, dequant,
+swiglu and the per-row re-quantization in one launch; ``w13`` in FRACTAL_NZ, which that
+operator requires), the int8 ``w2`` ``npu_grouped_matmul``, ``npu_moe_token_unpermute``.
 
 Weights are in the kernels' ``[E, K, N]`` layout (vLLM loads ``[E, N, K]``; the method
 transposes once after loading).
@@ -25,6 +30,7 @@ import torch
 
 from vllm_ascend_ext.moe.routing import GATING, RoutingPlan
 from vllm_ascend_ext.ops.grouped_matmul import DTYPE_ENUM, npu_grouped_matmul, npu_swiglu
+from vllm_ascend_ext.ops.grouped_matmul_swiglu_quant import npu_grouped_matmul_swiglu_quant
 from vllm_ascend_ext.ops.moe_dispatch import npu_moe_init_routing_v2, npu_moe_token_unpermute
 from vllm_ascend_ext.ops.moe_gating import npu_moe_gating_top_k, npu_moe_gating_top_k_softmax
 from vllm_ascend_ext.ops.quant import npu_dynamic_quant
@@ -100,4 +106,25 @@ def routed_experts_w8a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     expanded, row_idx, counts = _dispatch(x, ids, w13.shape[0])
     gate_up = _quantized_gmm(expanded, w13, w13_scale, counts, x.dtype)
     down = _quantized_gmm(npu_swiglu(gate_up), w2, w2_scale, counts, x.dtype)
+    return npu_moe_token_unpermute(down, row_idx, probs=weights)
+
+
+def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                              w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                              w2_scale: torch.Tensor) -> torch.Tensor:
+    """``routed_experts_w8a8`` (same arguments and result, up to the int8 roundings) in
+    four calls: the routing quantizes the expanded rows, the first GEMM's swiglu output
+    comes out quantized. ``w13`` must be FRACTAL_NZ (``npu_grouped_matmul_swiglu_quant``
+    treats its weight as NZ)."""
+    num_experts = w13.shape[0]
+    rows, row_idx, counts, row_scale = npu_moe_init_routing_v2(
+        x, ids, active_num=-1, expert_num=num_experts, drop_pad_mode=0,
+        expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=1,
+        active_expert_range=(0, num_experts), row_idx_type=0)
+    # The fused GEMM takes the groups' running sums (vllm-ascend: cumsum_group_list(.., 0)).
+    act, act_scale, _ = npu_grouped_matmul_swiglu_quant(rows, w13, counts.cumsum(0), w13_scale,
+                                                        row_scale)
+    down = npu_grouped_matmul([act], [w2], scale=[w2_scale], per_token_scale=[act_scale],
+                              group_list=counts, split_item=2, group_type=0, group_list_type=1,
+                              output_dtype=DTYPE_ENUM[x.dtype])[0]
     return npu_moe_token_unpermute(down, row_idx, probs=weights)

@@ -5,9 +5,14 @@ The checkpoint holds, per expert and projection, an int8 ``weight [N, K]``, a fl
 (zero for the symmetric recipe; a non-zero offset is refused when the weights are
 processed). vLLM's MoE weight loader fills the fused ``w13``/``w2`` parameters and, for
 parameters marked per-channel, their scales and offsets. Activations are quantized per
-row at run time (``npu_dynamic_quant``) and each grouped matmul applies both scales
-(``experts.routed_experts_w8a8``). After loading the experts are ``[E, K, N]``, cast to
-FRACTAL_NZ on A2/A3 (``quantization/weight_format.py``). Chosen by
+row at run time and each grouped matmul applies both scales. After loading the experts
+are ``[E, K, N]``, cast to FRACTAL_NZ on A2/A3 (``quantization/weight_format.py``). With
+NZ experts the layer takes vllm-ascend's fused sequence (``experts.routed_experts_w8a8_fused``:
+the routing quantizes the rows, ``npu_grouped_matmul_swiglu_quant`` runs the first GEMM,
+swiglu and re-quantization in one launch; that operator treats its weight as FRACTAL_NZ
+and is documented for A2/A3 only); with ND experts (Ascend 950, or
+``ascend_ext.weight_nz = "off"``) the unfused one (``experts.routed_experts_w8a8``:
+``npu_dynamic_quant`` before each grouped matmul, ``npu_swiglu`` between). Chosen by
 ``AscendExtQuantConfig`` for a MoE layer whose experts the description lists as
 W8A8_DYNAMIC; routing is the same as the float method's.
 """
@@ -22,7 +27,7 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm_ascend_ext.moe import experts
 from vllm_ascend_ext.moe.method import MonolithicEntry, layer_routing_plan, transpose_experts
 from vllm_ascend_ext.moe.routing import UnsupportedMoEError
-from vllm_ascend_ext.ops.format import cast_parameter
+from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, cast_parameter, npu_format
 from vllm_ascend_ext.quantization.w8a8_dynamic import deterministic_int8
 from vllm_ascend_ext.quantization.weight_format import current_quantized_weight_format
 
@@ -72,9 +77,12 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
         transpose_experts(layer, "w13_weight", "w2_weight")
         for name in ("w13_weight", "w2_weight"):
             cast_parameter(layer, name, self.weight_format)
+        # The fused first GEMM reads its weight as FRACTAL_NZ: only NZ experts take it.
+        self.fused_experts = npu_format(layer.w13_weight) == ACL_FORMAT_FRACTAL_NZ
 
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(layer, router_logits)
-        return experts.routed_experts_w8a8(x, weights, ids, layer.w13_weight,
-                                           layer.w13_weight_scale, layer.w2_weight,
-                                           layer.w2_weight_scale)
+        run = (experts.routed_experts_w8a8_fused if self.fused_experts
+               else experts.routed_experts_w8a8)
+        return run(x, weights, ids, layer.w13_weight, layer.w13_weight_scale, layer.w2_weight,
+                   layer.w2_weight_scale)

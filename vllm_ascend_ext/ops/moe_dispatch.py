@@ -19,8 +19,15 @@ Semantics (torch-npu 2.13.0 ``_op_plugin_docs.py``; index conventions from CANN'
   per expert of the range, the count (type 1), int64. Type 0 (cumsum) is documented as
   unsupported ("当前仅支持1和2") and refused; type 2 (key-value) is not emulated.
   ``expanded_scale = scale[src // K]`` when a 1-D ``scale`` is given (undefined
-  otherwise: zero here). Emulated: dropless (``drop_pad_mode=0``), ``quant_mode=-1``,
-  the count type.
+  otherwise: zero here). ``quant_mode=1`` (dynamic quant, "1表示动态quant场景"): the
+  valid rows are quantized per row as ``npu_dynamic_quant`` does (``ops/quant.py``:
+  ``s = rowMax(|xs|) / 127``, ``y = round(xs / s)``), ``expanded_x`` is their int8 ``y``
+  and ``expanded_scale`` their fp32 ``s`` ("输出量化计算过程中scale的中间值", shape
+  ``(NUM_ROWS*K,)``), zero past the valid rows; ``xs = x[src // K]`` times, when the
+  optional 2-D smooth ``scale [expert_end - expert_start, H]`` is given, its row of the
+  pair's expert. An int8 ``x`` ("x数据类型为int8时仅支持-1") and an ``offset``
+  ("动态quant场景下不输入") are refused. Emulated: dropless (``drop_pad_mode=0``),
+  ``quant_mode`` -1 and 1, the count type.
 - ``npu_moe_token_unpermute(permuted_tokens [N*K,H], sorted_indices [N*K] int32,
   probs=None [N,K], padded_mode=False, restore_shape=None) -> [N,H]``:
   ``out[n] = sum_k permuted_tokens[sorted_indices[n*K + k]] * probs[n, k]`` (``K = 1``
@@ -35,13 +42,14 @@ import torch
 from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.op_record import NpuOp
+from vllm_ascend_ext.ops.quant import dynamic_quant_reference
 
 INIT_OP, UNPERMUTE_OP = "npu_moe_init_routing_v2", "npu_moe_token_unpermute"
 MAX_EXPERT_NUM = 10240
 
 
 # ------------------------------------------------------------- npu_moe_init_routing_v2
-def _check_init(x, expert_idx, scale, active_num, expert_num, drop_pad_mode,
+def _check_init(x, expert_idx, scale, offset, active_num, expert_num, drop_pad_mode,
                 expert_tokens_num_type, quant_mode, active_expert_range, row_idx_type) -> tuple[int, int]:
     if x.dim() != 2 or expert_idx.dim() != 2 or x.shape[0] != expert_idx.shape[0]:
         raise ValueError(f"npu_moe_init_routing_v2: x [N,H] and expert_idx [N,K] required, got "
@@ -50,8 +58,15 @@ def _check_init(x, expert_idx, scale, active_num, expert_num, drop_pad_mode,
         raise ValueError(f"npu_moe_init_routing_v2: expert_idx must be int32, got {expert_idx.dtype}")
     if drop_pad_mode != 0:
         raise NotImplementedError("npu_moe_init_routing_v2: only dropless (drop_pad_mode=0) is emulated")
-    if quant_mode != -1:
-        raise NotImplementedError(f"npu_moe_init_routing_v2: quant_mode {quant_mode} is not emulated (-1 only)")
+    if quant_mode not in (-1, 1):
+        raise NotImplementedError(f"npu_moe_init_routing_v2: quant_mode {quant_mode} is not emulated "
+                                  "(-1, no quant, and 1, dynamic quant, only)")
+    if quant_mode == 1 and x.dtype == torch.int8:
+        raise ValueError("npu_moe_init_routing_v2: an int8 x takes quant_mode -1 only "
+                         "(documented: x数据类型为int8时仅支持-1，不可再量化)")
+    if quant_mode == 1 and offset is not None:
+        raise ValueError("npu_moe_init_routing_v2: no offset in dynamic quant mode "
+                         "(documented: 动态quant场景下不输入)")
     if expert_tokens_num_type == 0:
         # The kernel's documentation: "取值为0、1和2 ... 当前仅支持1和2" (0, cumsum, is
         # listed and unsupported); the reference refuses it as the NPU would.
@@ -70,9 +85,15 @@ def _check_init(x, expert_idx, scale, active_num, expert_num, drop_pad_mode,
     if not 0 <= start < end <= expert_num:
         raise ValueError(f"npu_moe_init_routing_v2: active_expert_range {list(active_expert_range)} "
                          f"must satisfy 0 <= start < end <= expert_num ({expert_num})")
-    if scale is not None and (scale.dim() != 1 or scale.shape[0] != x.shape[0]):
+    if scale is not None and quant_mode == -1 and (scale.dim() != 1 or scale.shape[0] != x.shape[0]):
         raise ValueError(f"npu_moe_init_routing_v2: scale {tuple(scale.shape)} must be [{x.shape[0]}] "
                          "without quantization")
+    if scale is not None and quant_mode == 1 and tuple(scale.shape) != (end - start, x.shape[1]):
+        # The official meta also lets a [1, H] scale through; the documentation gives only
+        # (expert_end-expert_start, H), so the reference takes only that.
+        raise ValueError(f"npu_moe_init_routing_v2: scale {tuple(scale.shape)} must be "
+                         f"[{end - start}, {x.shape[1]}] (expert_end-expert_start, H) in dynamic "
+                         "quant mode")
     return start, end
 
 
@@ -86,7 +107,7 @@ def init_routing_v2_reference(x, expert_idx, *, scale=None, offset=None, active_
                               expert_tokens_num_type=0, expert_tokens_num_flag=False,
                               quant_mode=-1, active_expert_range=(), row_idx_type=0,
                               x_dtype=None):
-    start, end = _check_init(x, expert_idx, scale, active_num, expert_num, drop_pad_mode,
+    start, end = _check_init(x, expert_idx, scale, offset, active_num, expert_num, drop_pad_mode,
                              expert_tokens_num_type, quant_mode, active_expert_range, row_idx_type)
     k = expert_idx.shape[1]
     flat = expert_idx.reshape(-1).long()
@@ -95,7 +116,17 @@ def init_routing_v2_reference(x, expert_idx, *, scale=None, offset=None, active_
     rows = _rows(x, expert_idx, active_num)
     kept = valid[order][:rows]                                               # valid dst rows
     src = order[:rows]
-    expanded_x = torch.where(kept[:, None], x[src // k], torch.zeros((), dtype=x.dtype))
+    if quant_mode == 1:
+        # Per-row dynamic quant of the expanded rows (npu_dynamic_quant's reference), the
+        # optional smooth scale taken per the pair's expert; rows past the valid ones are 0.
+        smooth = None if scale is None else scale[(flat[src] - start).clamp(0, end - start - 1)]
+        q, row_scale = dynamic_quant_reference(x[src // k], smooth_scales=smooth)
+        expanded_x = torch.where(kept[:, None], q, torch.zeros((), dtype=torch.int8))
+        expanded_scale = torch.where(kept, row_scale, 0.0)
+    else:
+        expanded_x = torch.where(kept[:, None], x[src // k], torch.zeros((), dtype=x.dtype))
+        expanded_scale = (torch.where(kept, scale.float()[src // k], 0.0) if scale is not None
+                          else torch.zeros(rows, dtype=torch.float32, device=x.device))
     if row_idx_type == 1:
         row_idx = order.to(torch.int32)
     else:
@@ -108,8 +139,6 @@ def init_routing_v2_reference(x, expert_idx, *, scale=None, offset=None, active_
         tokens = counts
     else:
         tokens = torch.empty((), dtype=torch.int64, device=x.device)   # as the official meta
-    expanded_scale = (torch.where(kept, scale.float()[src // k], 0.0) if scale is not None
-                      else torch.zeros(rows, dtype=torch.float32, device=x.device))
     return expanded_x, row_idx, tokens, expanded_scale
 
 
@@ -117,10 +146,10 @@ def init_routing_v2_meta(x, expert_idx, *, scale=None, offset=None, active_num=-
                          expert_capacity=-1, expert_num=-1, drop_pad_mode=0,
                          expert_tokens_num_type=0, expert_tokens_num_flag=False, quant_mode=-1,
                          active_expert_range=(), row_idx_type=0, x_dtype=None):
-    start, end = _check_init(x, expert_idx, scale, active_num, expert_num, drop_pad_mode,
+    start, end = _check_init(x, expert_idx, scale, offset, active_num, expert_num, drop_pad_mode,
                              expert_tokens_num_type, quant_mode, active_expert_range, row_idx_type)
     rows = _rows(x, expert_idx, active_num)
-    return (x.new_empty((rows, x.shape[1])),
+    return (x.new_empty((rows, x.shape[1]), dtype=torch.int8 if quant_mode == 1 else x.dtype),
             x.new_empty((expert_idx.numel(),), dtype=torch.int32),
             x.new_empty((end - start,) if expert_tokens_num_flag else (), dtype=torch.int64),
             x.new_empty((rows,), dtype=torch.float32))

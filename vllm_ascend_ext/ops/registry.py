@@ -19,6 +19,7 @@ from types import ModuleType
 from vllm_ascend_ext.ops import (
     _ext,
     add_rms_norm,
+    add_rms_norm_quant,
     causal_conv1d,
     counting,
     fia,
@@ -27,6 +28,7 @@ from vllm_ascend_ext.ops import (
     gdn_ext,
     gdn_recurrent,
     grouped_matmul,
+    grouped_matmul_swiglu_quant,
     kv_cache,
     kv_rmsnorm_rope_cache,
     lightning_indexer,
@@ -43,8 +45,8 @@ from vllm_ascend_ext.ops import (
 from vllm_ascend_ext.ops.op_record import NpuOp
 
 MODULES: tuple[ModuleType, ...] = (
-    add_rms_norm, causal_conv1d, fia, format, gdn_chunk, gdn_ext, gdn_recurrent,
-    grouped_matmul, kv_cache, kv_rmsnorm_rope_cache, lightning_indexer, mla_prolog, mla_prolog_k3, moe_dispatch,
+    add_rms_norm, add_rms_norm_quant, causal_conv1d, fia, format, gdn_chunk, gdn_ext, gdn_recurrent,
+    grouped_matmul, grouped_matmul_swiglu_quant, kv_cache, kv_rmsnorm_rope_cache, lightning_indexer, mla_prolog, mla_prolog_k3, moe_dispatch,
     moe_gating, mrope, norm, quant, rope, sparse_flash_attention,
 )
 
