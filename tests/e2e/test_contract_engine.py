@@ -110,3 +110,19 @@ def test_tiny_qwen3_next_layer_ops_in_contract_mode(soc, gaps):
         listed = contract["summary"].split("documentation gaps")[1].split(": ", 1)[1]
         found = {part.split("=")[0] for part in listed.split(", ")}
     assert {g for g in found if "norm" in g or "rope" in g} == gaps
+
+
+def test_tiny_dsa_w8a8_pretending_950_takes_the_routes_its_documentation_allows():
+    """On an Ascend 950 the int8 linear and expert weights stay ND (FRACTAL_NZ is documented
+    for A2/A3; the prolog's own weights are NZ as its docs ask), so the W8A8 experts take
+    the unfused sequence (npu_grouped_matmul_swiglu_quant reads its weight
+    as NZ and is documented for A2/A3); the dense layer's norm + quant op is a gap there."""
+    on = run_script("run_dsa.py", *DSA_ARGS, "--quantized", emulate=True,
+                    ASCEND_EXT_NPU_CONTRACT="1", ASCEND_EXT_SOC="ascend950")
+    contract = on["contract"]
+    assert contract["violations"] == 0, contract["summary"]
+    calls = set(contract["calls"])
+    assert "npu_grouped_matmul_swiglu_quant" not in calls
+    assert {"npu_add_rms_norm_dynamic_quant", "npu_swiglu", "npu_dynamic_quant"} <= calls
+    listed = contract["summary"].split("documentation gaps")[1].split(": ", 1)[1]
+    assert "npu_add_rms_norm_dynamic_quant@A5" in {p.split("=")[0] for p in listed.split(", ")}
