@@ -17,24 +17,31 @@ _HALF = (torch.float16, torch.bfloat16)
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def _norm_dtypes(x_dtype, weight_dtype, residual_dtype, op: str) -> str | None:
+    """Why a norm's dtypes keep it off the fused ops, or None."""
+    if residual_dtype is not None and residual_dtype != x_dtype:
+        return (f"residual dtype {residual_dtype} differs from the input's {x_dtype} "
+                "(npu_add_rms_norm adds two tensors of one dtype)")
+    if x_dtype not in _FLOATS:
+        return f"input dtype {x_dtype} is not float16, bfloat16 or float32"
+    if weight_dtype != x_dtype:
+        return f"weight dtype {weight_dtype} differs from the input's {x_dtype} ({op} asks them equal)"
+    return None
+
+
 @functools.cache
 def rms_norm_route(x_dtype: torch.dtype, weight_dtype: torch.dtype, has_weight: bool,
                    variance_size_override: int | None,
                    residual_dtype: torch.dtype | None = None) -> tuple[str, str]:
     """``npu_rms_norm`` / ``npu_add_rms_norm`` for vLLM's ``RMSNorm``."""
-    if residual_dtype is not None and residual_dtype != x_dtype:
-        return NATIVE, (f"residual dtype {residual_dtype} differs from the input's {x_dtype} "
-                        "(npu_add_rms_norm adds two tensors of one dtype)")
     if variance_size_override is not None:
         return NATIVE, ("the variance is taken over a prefix of the hidden size "
                         f"({variance_size_override}); the fused ops normalise over all of it")
     if not has_weight:
         return NATIVE, "no weight: the fused ops multiply by gamma"
-    if x_dtype not in _FLOATS:
-        return NATIVE, f"input dtype {x_dtype} is not float16, bfloat16 or float32"
-    if weight_dtype != x_dtype:
-        return NATIVE, (f"weight dtype {weight_dtype} differs from the input's {x_dtype} "
-                        "(npu_rms_norm asks them equal)")
+    why = _norm_dtypes(x_dtype, weight_dtype, residual_dtype, "npu_rms_norm")
+    if why:
+        return NATIVE, why
     return FUSED, "npu_rms_norm (npu_add_rms_norm with a residual)"
 
 
@@ -42,14 +49,9 @@ def rms_norm_route(x_dtype: torch.dtype, weight_dtype: torch.dtype, has_weight: 
 def gemma_norm_route(x_dtype: torch.dtype, weight_dtype: torch.dtype,
                      residual_dtype: torch.dtype | None = None) -> tuple[str, str]:
     """``npu_gemma_rms_norm`` / ``npu_add_rms_norm`` with ``1 + w`` for ``GemmaRMSNorm``."""
-    if residual_dtype is not None and residual_dtype != x_dtype:
-        return NATIVE, (f"residual dtype {residual_dtype} differs from the input's {x_dtype} "
-                        "(npu_add_rms_norm adds two tensors of one dtype)")
-    if x_dtype not in _FLOATS:
-        return NATIVE, f"input dtype {x_dtype} is not float16, bfloat16 or float32"
-    if weight_dtype != x_dtype:
-        return NATIVE, (f"weight dtype {weight_dtype} differs from the input's {x_dtype} "
-                        "(npu_gemma_rms_norm asks them equal)")
+    why = _norm_dtypes(x_dtype, weight_dtype, residual_dtype, "npu_gemma_rms_norm")
+    if why:
+        return NATIVE, why
     return FUSED, "npu_gemma_rms_norm (npu_add_rms_norm with gamma 1 + w and a residual)"
 
 
