@@ -1,7 +1,7 @@
 """Operator launches per decoder layer per decode step: the plugin's fused layer ops
 against vLLM's native PyTorch ones, beside vllm-ascend's count.
 
-    python benchmarks/layer_ops.py [--kinds qwen3,qwen-moe,qwen3-next,dsa-w8a8]
+    python benchmarks/layer_ops.py [--kinds qwen3,qwen-moe,qwen3-next,dsa-w8a8-dense,dsa-w8a8]
 
 For each layer kind it runs an embedded tiny model (emulated platform, real vLLM, bf16
 as served, eager) in a subprocess per variant: ``ascend_ext.layer_ops`` = ``native`` (vLLM's own

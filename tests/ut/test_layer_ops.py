@@ -304,11 +304,13 @@ def test_silu_and_mul_layer(vcfg, dtype):
 
 I8 = torch.int8
 ROUTE_CASES = [
-    (routes.rms_norm_route, (F32, F32, True, 32), "native", "prefix of the hidden size (32)"),
-    (routes.rms_norm_route, (F32, F32, False, None), "native", "no weight"),
-    (routes.rms_norm_route, (I8, I8, True, None), "native", "input dtype torch.int8"),
-    (routes.rms_norm_route, (BF16, F32, True, None), "native", "weight dtype torch.float32"),
-    (routes.rms_norm_route, (BF16, BF16, True, None), "fused", "npu_rms_norm"),
+    (routes.rms_norm_route, (F32, 2, F32, True, 32), "native", "prefix of the hidden size (32)"),
+    (routes.rms_norm_route, (F32, 2, F32, False, None), "native", "no weight"),
+    (routes.rms_norm_route, (I8, 2, I8, True, None), "native", "input dtype torch.int8"),
+    (routes.rms_norm_route, (BF16, 2, F32, True, None), "native", "weight dtype torch.float32"),
+    (routes.rms_norm_route, (BF16, 1, BF16, True, None), "native", "1-D input"),
+    (routes.rms_norm_route, (BF16, 9, BF16, True, None), "native", "2-8 dims"),
+    (routes.rms_norm_route, (BF16, 3, BF16, True, None), "fused", "npu_rms_norm"),
     (routes.gemma_norm_route, (torch.float64, torch.float64), "native", "input dtype"),
     (routes.gemma_norm_route, (BF16, F32), "native", "npu_gemma_rms_norm asks them equal"),
     (routes.gemma_norm_route, (torch.float16, torch.float16), "fused", "npu_gemma_rms_norm"),
@@ -347,15 +349,44 @@ def test_layer_ops_config_key():
         parse_config({"ascend_ext": {"layer_ops": "fuse"}})
 
 
-@pytest.mark.parametrize("choice,sign", [(None, "+"), ("fused", "+"), ("native", "-")])
-def test_layer_ops_switch(choice, sign):
-    cfg = _fake(choice, ["none", f"{sign}rms_norm"])
+@pytest.mark.parametrize("choice,added", [(None, []), ("fused", []),
+                                          ("native", ["-gemma_rms_norm", "-rotary_embedding",
+                                                      "-silu_and_mul"])])
+def test_layer_ops_switch(choice, added):
+    """"native" writes vLLM's off entries; "fused" writes nothing: a "+rotary_embedding"
+    would switch on every vLLM RoPE variant sharing the name (see the test below)."""
+    cfg = _fake(choice, ["none", "-rms_norm"] if choice == "native" else ["none"])
     layer_ops_switch(cfg)
-    want = ["none", f"{sign}rms_norm"] + [f"{sign}{n}" for n in
-                                          ("gemma_rms_norm", "rotary_embedding", "silu_and_mul")]
+    want = (["none", "-rms_norm"] + added) if choice == "native" else ["none"]
     assert cfg.compilation_config.custom_ops == want
     layer_ops_switch(cfg)
     assert cfg.compilation_config.custom_ops == want  # idempotent
+
+
+def test_plugin_ops_are_on_unless_disabled_and_leave_vllms_rope_variants_alone():
+    """Under Inductor vLLM's default is "none": after the start-up switch the plugin's
+    classes are on (their own ``enabled``) while vLLM's Llama 3 RoPE (a ``rotary_embedding``
+    too) keeps its native forward, not the CPU platform's x86 kernel (which a
+    "+rotary_embedding" entry would give it: the negative control); "-rotary_embedding"
+    turns the plugin's off."""
+    from vllm.config import CompilationConfig
+    from vllm.model_executor.layers.rotary_embedding.llama3_rope import Llama3RotaryEmbedding
+
+    def built(custom_ops, switch=True):
+        cfg = VllmConfig(compilation_config=CompilationConfig(custom_ops=list(custom_ops)))
+        if switch:
+            layer_ops_switch(cfg)
+        with set_current_vllm_config(cfg):
+            llama3 = Llama3RotaryEmbedding(64, 64, 256, 10000.0, True, F32, 8.0, 1.0, 4.0, 8192)
+            on = (AscendRotaryEmbedding.enabled(), AscendRMSNorm.enabled())
+        return getattr(llama3._forward_method, "__func__", None), on
+
+    method, on = built(["none"])
+    assert on == (True, True) and method is not RotaryEmbedding.forward_cpu
+    method, _ = built(["none", "+rotary_embedding"], switch=False)
+    assert method is RotaryEmbedding.forward_cpu             # what the old switch did
+    _, on = built(["none", "-rotary_embedding"], switch=False)
+    assert on == (False, True)
 
 
 @pytest.mark.parametrize("choice,clash", [("fused", "-rms_norm"), ("native", "+silu_and_mul")])
@@ -368,7 +399,25 @@ def test_layer_ops_switch_refuses_the_opposite_sign(choice, clash):
 
 # 7. register() -------------------------------------------------------------------------
 
-def test_register_replaces_vllm_classes_under_their_custom_op_names(vcfg):
+@pytest.fixture
+def restored_registry():
+    """register() fills vLLM's process-wide registry: put it back for later tests."""
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    before = dict(op_registry_oot)
+    names = {cls: cls.__dict__.get("name") for cls in (AscendRMSNorm, AscendGemmaRMSNorm,
+                                                         AscendRotaryEmbedding, AscendSiluAndMul)}
+    yield
+    op_registry_oot.clear()
+    op_registry_oot.update(before)
+    for cls, name in names.items():
+        if name is None:
+            cls.__dict__.get("name") is not None and delattr(cls, "name")
+        else:
+            cls.name = name
+
+
+def test_register_replaces_vllm_classes_under_their_custom_op_names(vcfg, restored_registry):
     from vllm.model_executor.custom_op import op_registry_oot
     from vllm.model_executor.layers.activation import SiluAndMul
     from vllm.model_executor.layers.layernorm import GemmaRMSNorm, RMSNorm

@@ -14,6 +14,7 @@ import itertools
 
 import pytest
 
+import tests.npu.test_layer_parity as layer_parity
 import tests.npu.test_moe_parity as moe_parity
 import tests.npu.test_parity as fia_parity
 import tests.npu.test_sfa_parity as sfa_parity
@@ -24,7 +25,7 @@ from vllm_ascend_ext.tools import npu_parity
 
 
 def _cases():
-    for module in (fia_parity, sfa_parity, moe_parity):
+    for module in (fia_parity, sfa_parity, moe_parity, layer_parity):
         for name, fn in inspect.getmembers(module, inspect.isfunction):
             if not name.startswith("test_"):
                 continue
@@ -55,7 +56,7 @@ def test_parity_case_meets_the_contract(monkeypatch, module, test, kwargs):
 
 def test_every_parity_test_is_dry_run():
     listed = {p.values[1].__name__ for p in _cases()}
-    names = {n for m in (fia_parity, sfa_parity, moe_parity)
+    names = {n for m in (fia_parity, sfa_parity, moe_parity, layer_parity)
              for n, f in inspect.getmembers(m, inspect.isfunction) if n.startswith("test_")}
     assert listed == names
     assert len(list(itertools.islice(_cases(), 100))) >= len(names)
@@ -72,7 +73,9 @@ def test_doctor_smoke_runs_one_case_per_operator_dry(monkeypatch):
         "fia", "scatter_pa_kv_cache", "kv_rmsnorm_rope_cache", "lightning_indexer",
         "sparse_flash_attention", "w8a8_quant_ops", "mla_prolog_v3[False]",
         "mla_prolog_v3[True]", "k3_prolog", "moe_routing", "moe_experts[False]",
-        "moe_experts[True]"]
+        "moe_experts[True]", "rms_norm", "add_rms_norm", "gemma_rms_norm", "mrope['qwen3']",
+        "mrope['qwen3_next']", "mrope['interleave']", "add_rms_norm_dynamic_quant",
+        "moe_experts_w8a8_fused"]
     assert all(r["ok"] for r in results), results
     assert harness.violations == 0
     assert {"npu_fused_infer_attention_score", "npu_scatter_pa_kv_cache",
@@ -80,7 +83,9 @@ def test_doctor_smoke_runs_one_case_per_operator_dry(monkeypatch):
             "npu_dynamic_quant", "npu_quant_matmul", "npu_mla_prolog_v3",
             "npu_format_cast", "npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax",
             "npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_swiglu",
-            "npu_moe_token_unpermute"} <= set(harness.calls)
+            "npu_moe_token_unpermute", "npu_rms_norm", "npu_add_rms_norm", "npu_gemma_rms_norm",
+            "npu_mrope", "npu_add_rms_norm_dynamic_quant",
+            "npu_grouped_matmul_swiglu_quant"} <= set(harness.calls)
 
 
 def test_a_smoke_case_that_fails_or_raises_is_reported():

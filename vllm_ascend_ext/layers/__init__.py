@@ -3,10 +3,10 @@
 
 Registered with ``CustomOp.register_oot`` while the plugin's platform is active
 (``vllm_ascend_ext.register``), each under vLLM's class name, so every model vLLM builds
-gets them; each keeps vLLM's custom-op name (``rms_norm`` ...), so vLLM's own switch
-``compilation_config.custom_ops`` turns it on (``+rms_norm``) or off (``-rms_norm``).
-The plugin's start-up sets that switch from ``ascend_ext.layer_ops`` ("fused", the
-default, or "native": vLLM's PyTorch implementations) (``platform/config_hooks``).
+gets them; each keeps vLLM's custom-op name (``rms_norm`` ...) and is on unless
+``compilation_config.custom_ops`` holds ``-rms_norm`` ... (``layers/switch.py``), which
+the start-up writes for ``ascend_ext.layer_ops: "native"`` (vLLM's PyTorch
+implementations; the default "fused" writes nothing) (``platform/config_hooks``).
 """
 
 from __future__ import annotations

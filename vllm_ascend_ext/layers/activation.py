@@ -10,10 +10,11 @@ import torch
 from vllm.model_executor.layers.activation import SiluAndMul
 
 from vllm_ascend_ext.layers.routes import FUSED, swiglu_route
+from vllm_ascend_ext.layers.switch import PluginLayerOp
 from vllm_ascend_ext.ops.grouped_matmul import npu_swiglu
 
 
-class AscendSiluAndMul(SiluAndMul):
+class AscendSiluAndMul(PluginLayerOp, SiluAndMul):
     """vLLM's ``SiluAndMul`` (see module docstring)."""
 
     def forward_oot(self, x: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,8 @@ def takes_fused_norm_quant(mlp, layer_ops: str) -> bool:
     the plugin's layer ops are on (decided once, when the layer is built)."""
     return (layer_ops == "fused" and hasattr(mlp, "gate_up_proj") and hasattr(mlp, "act_fn")
             and hasattr(mlp, "down_proj") and is_w8a8(mlp.gate_up_proj)
-            and getattr(mlp.gate_up_proj, "bias", None) is None)
+            and getattr(mlp.gate_up_proj, "bias", None) is None
+            and not getattr(mlp.gate_up_proj, "gather_output", False))
 
 
 def mlp_after_norm(norm, mlp, hidden_states: torch.Tensor,
@@ -33,7 +34,9 @@ def mlp_after_norm(norm, mlp, hidden_states: torch.Tensor,
     """``mlp(norm(hidden_states, residual))`` and the new residual through the fused op,
     or None where the route gate says the fused op does not cover the case."""
     route, _ = norm_quant_route(hidden_states.dtype, norm.weight.dtype)
-    if route != FUSED or residual.dtype != hidden_states.dtype:
+    if (route != FUSED or residual.dtype != hidden_states.dtype
+            or not getattr(norm, "has_weight", True)
+            or getattr(norm, "variance_size_override", None) is not None):
         return None
     xq, _, new_residual, sx, _ = npu_add_rms_norm_dynamic_quant(
         hidden_states, residual, norm.weight, epsilon=norm.variance_epsilon)

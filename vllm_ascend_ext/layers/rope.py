@@ -14,10 +14,11 @@ import torch
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
 from vllm_ascend_ext.layers.routes import FUSED, rope_route
+from vllm_ascend_ext.layers.switch import PluginLayerOp
 from vllm_ascend_ext.ops.mrope import npu_mrope
 
 
-class AscendRotaryEmbedding(RotaryEmbedding):
+class AscendRotaryEmbedding(PluginLayerOp, RotaryEmbedding):
     """vLLM's ``RotaryEmbedding`` (see module docstring)."""
 
     def forward_oot(self, positions: torch.Tensor, query: torch.Tensor,

@@ -3,12 +3,11 @@
 The layer ops (``layers/``) call one fused torch_npu operator where its documentation
 covers the case and fall back to vLLM's native PyTorch where it does not; the decision is
 made here, from Python values only (no tensor is read), so it costs no host sync and is
-tested without vLLM. Each function returns ``(route, why)``.
+tested without vLLM. Each function returns ``(route, why)``; they are called per forward
+(a handful of comparisons; traced through, never cached, under torch.compile).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 
@@ -29,11 +28,12 @@ def _norm_dtypes(x_dtype, weight_dtype, residual_dtype, op: str) -> str | None:
     return None
 
 
-@functools.cache
-def rms_norm_route(x_dtype: torch.dtype, weight_dtype: torch.dtype, has_weight: bool,
-                   variance_size_override: int | None,
+def rms_norm_route(x_dtype: torch.dtype, x_dims: int, weight_dtype: torch.dtype,
+                   has_weight: bool, variance_size_override: int | None,
                    residual_dtype: torch.dtype | None = None) -> tuple[str, str]:
     """``npu_rms_norm`` / ``npu_add_rms_norm`` for vLLM's ``RMSNorm``."""
+    if not 2 <= x_dims <= 8:
+        return NATIVE, f"{x_dims}-D input: npu_rms_norm takes 2-8 dims"
     if variance_size_override is not None:
         return NATIVE, ("the variance is taken over a prefix of the hidden size "
                         f"({variance_size_override}); the fused ops normalise over all of it")
@@ -45,7 +45,6 @@ def rms_norm_route(x_dtype: torch.dtype, weight_dtype: torch.dtype, has_weight: 
     return FUSED, "npu_rms_norm (npu_add_rms_norm with a residual)"
 
 
-@functools.cache
 def gemma_norm_route(x_dtype: torch.dtype, weight_dtype: torch.dtype,
                      residual_dtype: torch.dtype | None = None) -> tuple[str, str]:
     """``npu_gemma_rms_norm`` / ``npu_add_rms_norm`` with ``1 + w`` for ``GemmaRMSNorm``."""
@@ -55,7 +54,6 @@ def gemma_norm_route(x_dtype: torch.dtype, weight_dtype: torch.dtype,
     return FUSED, "npu_gemma_rms_norm (npu_add_rms_norm with gamma 1 + w and a residual)"
 
 
-@functools.cache
 def rope_route(head_size: int, rotary_dim: int, dtype: torch.dtype,
                has_key: bool) -> tuple[str, str]:
     """``npu_mrope`` (rope mode) for vLLM's ``RotaryEmbedding``."""
@@ -72,7 +70,6 @@ def rope_route(head_size: int, rotary_dim: int, dtype: torch.dtype,
     return FUSED, "npu_mrope (rope mode: one launch for query and key)"
 
 
-@functools.cache
 def swiglu_route(dtype: torch.dtype, width: int) -> tuple[str, str]:
     """``npu_swiglu`` for vLLM's ``SiluAndMul``."""
     if dtype not in _FLOATS:
@@ -82,7 +79,6 @@ def swiglu_route(dtype: torch.dtype, width: int) -> tuple[str, str]:
     return FUSED, "npu_swiglu"
 
 
-@functools.cache
 def norm_quant_route(x_dtype: torch.dtype, weight_dtype: torch.dtype) -> tuple[str, str]:
     """``npu_add_rms_norm_dynamic_quant`` for a post-attention RMSNorm whose only consumer
     is a W8A8 dynamic linear (a dense W8A8 MLP's gate_up_proj)."""

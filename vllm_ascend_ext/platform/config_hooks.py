@@ -121,13 +121,14 @@ def sfa_block_size(cache_config) -> None:
 
 
 def layer_ops_switch(vllm_config) -> None:
-    """``ascend_ext.layer_ops`` as vLLM's own custom-op switch: "fused" adds ``+rms_norm``
-    ... to ``compilation_config.custom_ops`` (on even where vLLM's default is off, under
-    Inductor), "native" adds ``-rms_norm`` ...; a user's explicit opposite is refused."""
+    """``ascend_ext.layer_ops`` through vLLM's custom-op switch. The plugin's layer ops are
+    on unless ``compilation_config.custom_ops`` names them with ``-`` (``layers/switch.py``):
+    "native" adds ``-rms_norm`` ...; "fused" adds nothing. A user's entry for one of their
+    names that contradicts the choice is refused."""
     from vllm_ascend_ext.layers import custom_op_names
 
     choice = get_config(vllm_config).layer_ops
-    sign, other = ("+", "-") if choice == "fused" else ("-", "+")
+    other = "-" if choice == "fused" else "+"
     custom_ops = vllm_config.compilation_config.custom_ops
     clashes = [f"{other}{name}" for name in custom_op_names() if f"{other}{name}" in custom_ops]
     if clashes:
@@ -135,9 +136,9 @@ def layer_ops_switch(vllm_config) -> None:
             f"ascend_ext.layer_ops={choice!r} contradicts compilation_config.custom_ops "
             f"{clashes}: drop those entries, or set ascend_ext.layer_ops to "
             f"{'native' if choice == 'fused' else 'fused'!r}")
-    for name in custom_op_names():
-        if f"{sign}{name}" not in custom_ops:
-            custom_ops.append(f"{sign}{name}")
+    if choice == "native":
+        custom_ops.extend(f"-{name}" for name in custom_op_names()
+                          if f"-{name}" not in custom_ops)
 
 
 def exact_host_lists_with_speculation(vllm_config) -> None:

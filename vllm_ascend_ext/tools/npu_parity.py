@@ -59,6 +59,7 @@ from vllm_ascend_ext.ops.sparse_flash_attention import (
     sparse_flash_attention_npu,
     sparse_flash_attention_reference,
 )
+from vllm_ascend_ext.tools import npu_parity_layers as layers
 
 BF = torch.bfloat16
 
@@ -351,7 +352,10 @@ def moe_experts(quantized: bool = False) -> list[Measured]:
 SMOKE = (fia, scatter_pa_kv_cache, kv_rmsnorm_rope_cache, lightning_indexer,
          sparse_flash_attention, w8a8_quant_ops, functools.partial(mla_prolog_v3, False),
          functools.partial(mla_prolog_v3, True), k3_prolog, moe_routing,
-         functools.partial(moe_experts, False), functools.partial(moe_experts, True))
+         functools.partial(moe_experts, False), functools.partial(moe_experts, True),
+         layers.rms_norm, layers.add_rms_norm, layers.gemma_rms_norm,
+         *(functools.partial(layers.mrope, case) for case in layers.ROPE_CASES),
+         layers.add_rms_norm_dynamic_quant, layers.moe_experts_w8a8_fused)
 
 
 def case_name(case) -> str:
