@@ -11,9 +11,14 @@ cases in ``SMOKE``, and the dry run's identity ``_npu`` (patched on ``npu_parity
 reach them too.
 
 Bounds: bf16 outputs within 1e-2 of their scale (the largest magnitude), rounded copies
-(the new residual) within one bf16 step at that scale; int8 outputs at most one step
-off, on at most 1% of the elements; fp32 statistics (rstd, quant scales) by relative
-error.
+(the new residual) within one bf16 step at that scale; fp32 statistics (rstd, quant
+scales) by relative error; int8 outputs at most one step off, on at most 10% of the
+elements. That fraction is what one extra bf16 rounding inside a kernel costs, with
+margin: on these inputs, rounding the normalised value to bf16 before the quant flips
+5.2% of ``npu_add_rms_norm_dynamic_quant``'s int8 (scale 3.5e-3 rel), taking rstd from
+the rounded ``x_out`` 4.7%; rounding the fused GEMM's dequantized ``h`` to bf16 2.8% of
+``npu_grouped_matmul_swiglu_quant``'s (scale 6.9e-3 rel), its SwiGLU output 1.9%; all
+one step at most. A wrong scale, half or group moves many steps.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from vllm_ascend_ext.ops.norm import (
 
 BF = torch.bfloat16
 BF16_STEP = 2.0**-7          # one bf16 step relative to the binade's top (8 significand bits)
-INT8_DIFFERING = 1e-2        # int8 outputs: at most this fraction of elements one step off
+INT8_DIFFERING = 0.1         # int8 outputs: at most this fraction one step off (docstring)
 
 
 def _base():
@@ -121,7 +126,8 @@ def gemma_rms_norm() -> list:
     """vLLM's ``GemmaRMSNorm`` (Qwen3-Next, H 2048; weight ~ 0.1 randn, bf16) both ways
     ``layers/norm.py`` calls it: ``npu_gemma_rms_norm`` on the contiguous input, and with
     a residual ``npu_add_rms_norm`` with gamma ``weight + 1.0`` added in bf16. The latter
-    is also measured against vLLM's own ``1 + w`` in fp32 (the one extra rounding)."""
+    is also measured against vLLM's own ``1 + w`` in fp32: the reference alone is 2.3e-2
+    off it here (scale 4.7), the extra rounding the layer accepts."""
     x, residual = _hidden(16, 2048, 12)
     w = (0.1 * torch.randn(2048)).to(BF)
     y_ref, rstd_ref = gemma_rms_norm_reference(x, w, 1e-6)
@@ -135,7 +141,9 @@ def gemma_rms_norm() -> list:
             _m("npu_gemma_rms_norm rstd max rel err", _rel_err(rstd, rstd_ref), 1e-3),
             *_bf16("npu_add_rms_norm (gamma w + 1) y", ry, ry_ref),
             *_rounded("npu_add_rms_norm (gamma w + 1) x_out", rout, rout_ref),
-            *_bf16("npu_add_rms_norm (gamma w + 1) y vs vLLM's fp32 1 + w", ry, vllm)]
+            # the op's 1e-2 plus the layer's rounding of 1 + w to bf16 (2^-8 relative)
+            _m("npu_add_rms_norm (gamma w + 1) y vs vLLM's fp32 1 + w max abs err",
+               _err(ry, vllm), (1e-2 + 2.0**-8) * _scale(vllm))]
 
 
 # -------------------------------------------------------------------------------- RoPE
