@@ -36,6 +36,7 @@ def install() -> None:
     from vllm_ascend_ext.ops import _dispatch
 
     _dispatch.install_stand_in(stand_in)
+    harness()  # created here, never first inside a compiled model's trace
 
 
 def stand_in() -> Any:

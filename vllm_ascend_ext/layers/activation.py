@@ -10,7 +10,7 @@ import torch
 from vllm.model_executor.layers.activation import SiluAndMul
 
 from vllm_ascend_ext.layers.routes import FUSED, swiglu_route
-from vllm_ascend_ext.layers.switch import PluginLayerOp
+from vllm_ascend_ext.layers.switch import PluginLayerOp, contract_in_trace
 from vllm_ascend_ext.ops.grouped_matmul import npu_swiglu
 
 
@@ -19,7 +19,7 @@ class AscendSiluAndMul(PluginLayerOp, SiluAndMul):
 
     def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
         route, _ = swiglu_route(x.dtype, x.shape[-1])
-        if route != FUSED:
+        if route != FUSED or contract_in_trace():
             return self.forward_native(x)
         return npu_swiglu(x, dim=-1)
 

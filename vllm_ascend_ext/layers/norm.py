@@ -16,7 +16,7 @@ import torch
 from vllm.model_executor.layers.layernorm import GemmaRMSNorm, RMSNorm
 
 from vllm_ascend_ext.layers.routes import FUSED, gemma_norm_route, rms_norm_route
-from vllm_ascend_ext.layers.switch import PluginLayerOp
+from vllm_ascend_ext.layers.switch import PluginLayerOp, contract_in_trace
 from vllm_ascend_ext.ops.add_rms_norm import npu_add_rms_norm
 from vllm_ascend_ext.ops.norm import npu_gemma_rms_norm, npu_rms_norm
 
@@ -28,7 +28,7 @@ class AscendRMSNorm(PluginLayerOp, RMSNorm):
         route, _ = rms_norm_route(x.dtype, x.dim(), self.weight.dtype, self.has_weight,
                                   self.variance_size_override,
                                   None if residual is None else residual.dtype)
-        if route != FUSED:
+        if route != FUSED or contract_in_trace():
             return self.forward_native(x, residual)
         if residual is None:
             return npu_rms_norm(x, self.weight, self.variance_epsilon)[0]
@@ -45,7 +45,7 @@ class AscendGemmaRMSNorm(PluginLayerOp, GemmaRMSNorm):
     def forward_oot(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         route, _ = gemma_norm_route(x.dtype, self.weight.dtype,
                                     None if residual is None else residual.dtype)
-        if route != FUSED:
+        if route != FUSED or contract_in_trace():
             return self.forward_native(x, residual)
         if residual is None:
             return npu_gemma_rms_norm(x.contiguous(), self.weight, self.variance_epsilon)[0]

@@ -34,7 +34,9 @@ def mlp_after_norm(norm, mlp, hidden_states: torch.Tensor,
     """``mlp(norm(hidden_states, residual))`` and the new residual through the fused op,
     or None where the route gate says the fused op does not cover the case."""
     route, _ = norm_quant_route(hidden_states.dtype, norm.weight.dtype)
-    if (route != FUSED or residual.dtype != hidden_states.dtype
+    from vllm_ascend_ext.layers.switch import contract_in_trace
+
+    if (route != FUSED or contract_in_trace() or residual.dtype != hidden_states.dtype
             or not getattr(norm, "has_weight", True)
             or getattr(norm, "variance_size_override", None) is not None):
         return None

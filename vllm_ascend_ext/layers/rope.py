@@ -14,7 +14,7 @@ import torch
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
 from vllm_ascend_ext.layers.routes import FUSED, rope_route
-from vllm_ascend_ext.layers.switch import PluginLayerOp
+from vllm_ascend_ext.layers.switch import PluginLayerOp, contract_in_trace
 from vllm_ascend_ext.ops.mrope import npu_mrope
 
 
@@ -24,7 +24,7 @@ class AscendRotaryEmbedding(PluginLayerOp, RotaryEmbedding):
     def forward_oot(self, positions: torch.Tensor, query: torch.Tensor,
                     key: torch.Tensor | None = None):
         route, _ = rope_route(self.head_size, self.rotary_dim, query.dtype, key is not None)
-        if route != FUSED:
+        if route != FUSED or contract_in_trace():
             return self.forward_native(positions, query, key)
         cache = self._match_cos_sin_cache_dtype(query)
         positions = positions.flatten()

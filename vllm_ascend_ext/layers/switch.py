@@ -20,3 +20,14 @@ class PluginLayerOp:
         from vllm.config import get_cached_compilation_config
 
         return f"-{cls.name}" not in get_cached_compilation_config().custom_ops
+
+
+def contract_in_trace() -> bool:
+    """Contract mode inside a compiled model's trace: the harness (Python with locks and
+    clocks) cannot run in a full graph, so the layer ops take vLLM's native forward there;
+    eager runs check every layer-op call (tests/e2e/test_contract_engine.py)."""
+    import torch
+
+    from vllm_ascend_ext import envs
+
+    return envs.npu_contract() and torch.compiler.is_compiling()
