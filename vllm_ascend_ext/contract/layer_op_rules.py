@@ -20,26 +20,13 @@ from vllm_ascend_ext.contract.rules import (
     dims_in,
     dtype_in,
     indices_in_range,
+    same_dtype,
     tensor,
 )
 
 F16, BF16, F32, I32, I64 = (torch.float16, torch.bfloat16, torch.float32, torch.int32,
                             torch.int64)
 GEMMA, MROPE, ARNQ = "npu_gemma_rms_norm", "npu_mrope", "npu_add_rms_norm_dynamic_quant"
-
-
-def _gamma_dtype_as_input(call: Call) -> str | None:
-    x, gamma = tensor(call, "self"), tensor(call, "gamma")
-    if x is not None and gamma is not None and x.dtype != gamma.dtype:
-        return f"gamma dtype {gamma.dtype} differs from the input's {x.dtype}"
-    return None
-
-
-def _gamma_dtype_as_x1(call: Call) -> str | None:
-    x1, gamma = tensor(call, "x1"), tensor(call, "gamma")
-    if x1 is not None and gamma is not None and x1.dtype != gamma.dtype:
-        return f"gamma dtype {gamma.dtype} differs from x1's {x1.dtype}"
-    return None
 
 
 def _not_empty(name: str):
@@ -76,13 +63,13 @@ LAYER_OP_RULES = (
     Rule(GEMMA, "self", "input: Device侧的Tensor类型，表示输入的需要归一化的数据。shape支持1-8维度，数据格式支持ND。数据类型支持FLOAT32、FLOAT16、BFLOAT16",
          dtype_in("self", F16, BF16, F32)),
     Rule(GEMMA, "gamma", "数据类型支持FLOAT32、FLOAT16、BFLOAT16，与input数据类型保持一致",
-         _gamma_dtype_as_input),
+         same_dtype("gamma", "self")),
     Rule(ARNQ, "x1", "x1: Tensor类型，标准化输入张量。shape支持2-8维，数据类型支持FLOAT16、BFLOAT16",
          all_of(dtype_in("x1", F16, BF16), dims_in("x1", *range(2, 9)), _not_empty("x1"))),
     Rule(ARNQ, "x2", "x2: Tensor类型，标准化输入张量。shape支持2-8维，数据类型支持FLOAT16、BFLOAT16",
          all_of(dtype_in("x2", F16, BF16), dims_in("x2", *range(2, 9)), _not_empty("x2"))),
     Rule(ARNQ, "gamma", "gamma: Tensor类型，归一化权重张量。shape为1维，需与x1最后一维一致，数据类型与x1一致",
-         all_of(dims_in("gamma", 1), _gamma_dtype_as_x1)),
+         all_of(dims_in("gamma", 1), same_dtype("gamma", "x1"))),
     Rule(MROPE, "query", "queryIn、keyIn、cosSinCache只支持2维shape输入", dims_in("query", 2)),
     Rule(MROPE, "key", "queryIn、keyIn、cosSinCache只支持2维shape输入", dims_in("key", 2)),
     Rule(MROPE, "cos_sin_cache", "queryIn、keyIn、cosSinCache只支持2维shape输入",

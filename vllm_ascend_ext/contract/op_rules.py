@@ -1,6 +1,7 @@
 """The documented rules of each operator the plugin calls (see rules.py for the form).
 
-Grouped by operator family (``FIA_RULES``, ``SFA_RULES`` ...); each operator's record
+Grouped by operator family (``FIA_RULES``, ``SFA_RULES`` ...; the MoE operators' in
+``moe_rules.py``, the layer ops' in ``layer_op_rules.py``); each operator's record
 (``ops/registry.py``) names the group that holds its rules, and the harness finds them
 through it (``rules_for``).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.contract.layer_op_rules import LAYER_OP_RULES
+from vllm_ascend_ext.contract.moe_rules import MOE_RULES
 from vllm_ascend_ext.contract.rules import (
     HAND_WRITTEN,
     Call,
@@ -24,6 +26,8 @@ from vllm_ascend_ext.contract.rules import (
     dims_in,
     dtype_in,
     indices_in_range,
+    npu_format_is,
+    same_dtype,
     tensor,
     when,
 )
@@ -185,14 +189,6 @@ KVRC = "npu_kv_rmsnorm_rope_cache"
 KVRC_SOURCE = (f"{HAND_WRITTEN}: the wheel documents no npu_kv_rmsnorm_rope_cache; "
                "index semantics as vllm-ascend's DeepSeek-V3.2 path uses them (int64 slots)")
 
-def _format(name: str, acl_format: int):
-    def check(call: Call) -> str | None:
-        t = tensor(call, name)
-        if t is not None and npu_format(t) != acl_format:
-            return (f"format {format_name(npu_format(t))}; the operator takes "
-                    f"{format_name(acl_format)} (cast once with npu_format_cast)")
-        return None
-    return check
 
 
 SFA_RULES = (
@@ -225,13 +221,13 @@ SFA_RULES = (
     Rule(MLA, "token_x", "token_x（Tensor）：必选参数，对应公式中x。shape支持2维和3维，格式为(T, He)和(B, S, He)，dtype支持bfloat16和int8",
          dtype_in("token_x", BF16, I8)),
     Rule(MLA, "weight_dq", "dtype支持bfloat16和int8，数据格式支持FRACTAL_NZ（可通过torch_npu.npu_format_cast将ND格式转为FRACTAL_NZ格式）",
-         all_of(dtype_in("weight_dq", BF16, I8), _format("weight_dq", ACL_FORMAT_FRACTAL_NZ))),
+         all_of(dtype_in("weight_dq", BF16, I8), npu_format_is("weight_dq", ACL_FORMAT_FRACTAL_NZ))),
     Rule(MLA, "weight_uq_qr", "格式为(Hcq, N*(D+Dr))，dtype支持bfloat16和int8，数据格式支持FRACTAL_NZ",
          all_of(dtype_in("weight_uq_qr", BF16, I8),
-                _format("weight_uq_qr", ACL_FORMAT_FRACTAL_NZ))),
+                npu_format_is("weight_uq_qr", ACL_FORMAT_FRACTAL_NZ))),
     Rule(MLA, "weight_dkv_kr", "格式为(He, Hckv+Dr)，dtype支持bfloat16和int8，数据格式支持FRACTAL_NZ",
          all_of(dtype_in("weight_dkv_kr", BF16, I8),
-                _format("weight_dkv_kr", ACL_FORMAT_FRACTAL_NZ))),
+                npu_format_is("weight_dkv_kr", ACL_FORMAT_FRACTAL_NZ))),
     Rule(MLA, "weight_uk", "weight_uk（Tensor）：必选参数，表示计算Key的上采样权重，即公式中W<sup>UK</sup>。shape支持3维，格式为(N, D, Hckv)，dtype支持bfloat16",
          dtype_in("weight_uk", BF16)),
     Rule(MLA, "rope_sin", "rope_sin（Tensor）：必选参数，表示用于计算旋转位置编码的正弦参数矩阵。shape支持2维和3维，格式为(T, Dr)和(B, S, Dr)，dtype支持bfloat16",
@@ -258,13 +254,6 @@ SFA_RULES = (
 RMS, DQ, QMM = "npu_rms_norm", "npu_dynamic_quant", "npu_quant_matmul"
 
 
-def _same_dtype(name: str, as_name: str):
-    def check(call: Call) -> str | None:
-        a, b = tensor(call, name), tensor(call, as_name)
-        if a is not None and b is not None and a.dtype != b.dtype:
-            return f"dtype {a.dtype} differs from {as_name}'s {b.dtype}"
-        return None
-    return check
 
 
 def _output_dtype(call: Call) -> str | None:
@@ -284,13 +273,13 @@ def _x2_nz_family(call: Call) -> str | None:
 
 NORM_QUANT_RULES = (
     Rule(RMS, "self", "输入数据类型仅支持float16、bfloat16和float32", dtype_in("self", F16, BF16, F32)),
-    Rule(RMS, "gamma", "gamma：Tensor类型，数据类型需要和self保持一致", _same_dtype("gamma", "self")),
+    Rule(RMS, "gamma", "gamma：Tensor类型，数据类型需要和self保持一致", same_dtype("gamma", "self")),
     Rule(DQ, "input", "x: Tensor类型, 需要进行量化的源数据张量, 必选输入, 数据类型支持torch.float16、torch.bfloat16",
          dtype_in("input", F16, BF16)),
     Rule(DQ, "smooth_scales", "smooth_scales: Tensor类型, 对x进行scales的张量, 可选输入, 数据类型支持torch.float16、torch.bfloat16",
          dtype_in("smooth_scales", F16, BF16)),
     Rule(QMM, "x1", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 数据类型支持int8和int32", dtype_in("x1", I8, I32)),
-    Rule(QMM, "x2", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 数据类型与x1的数据类型保持一致", _same_dtype("x2", "x1")),
+    Rule(QMM, "x2", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 数据类型与x1的数据类型保持一致", same_dtype("x2", "x1")),
     Rule(QMM, "scale", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 数据类型支持float32、int64、bfloat16. shape需要是1维",
          all_of(dtype_in("scale", F32, I64, BF16), dims_in("scale", 1))),
     Rule(QMM, "pertoken_scale", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 数据类型支持float32. shape需要是1维(m,)",
@@ -300,149 +289,6 @@ NORM_QUANT_RULES = (
     Rule(QMM, "x2", "将x2非转置(batch, k, n)后转format, 示例代码如下, 仅支持如下产品", _x2_nz_family,
          note="the products listed after it are A2 and A3; A2/A3 also read "
               "'推荐x2不转置直接转亲和format'"),
-)
-
-# --- MoE --------------------------------------------------------------------------------
-
-GATE, GATE_SM, INIT, GMM, SWIGLU, UNPERMUTE = (
-    "npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax", "npu_moe_init_routing_v2",
-    "npu_grouped_matmul", "npu_swiglu", "npu_moe_token_unpermute")
-
-
-def _value_in(name: str, *allowed):
-    def check(call: Call) -> str | None:
-        value = call.values.get(name)
-        return None if value in allowed else f"{name}={value!r}; allowed: {list(allowed)}"
-    return check
-
-
-def _expert_num(call: Call) -> int:
-    return int(call.values.get("expert_num") or 0)
-
-
-def _group_list(call: Call) -> str | None:
-    groups = tensor(call, "group_list")
-    if groups is None:
-        return None
-    if groups.dtype != I64:
-        return f"dtype {groups.dtype}; group_list must be int64"
-    if call.values.get("group_list_type") == 1 and groups.numel() == 1:
-        return "one group; with group_list_type=1 the list must not have length 1"
-    return None
-
-
-def _group_list_covers_x(call: Call) -> str | None:
-    groups, xs = tensor(call, "group_list"), call.values.get("x") or []
-    if groups is None or groups.device.type == "meta" or len(xs) != 1:
-        return None
-    rows = int(groups.sum()) if call.values.get("group_list_type") == 1 else int(groups[-1])
-    if rows != xs[0].shape[0]:
-        return f"the groups hold {rows} rows; x has {xs[0].shape[0]}"
-    return None
-
-
-GMM_SQ = "npu_grouped_matmul_swiglu_quant"
-
-
-def _dynamic_quant(call: Call) -> bool:
-    return call.values.get("quant_mode") == 1
-
-
-def _absent(name: str):
-    def check(call: Call) -> str | None:
-        return None if call.values.get(name) is None else f"{name} given; documented as not taken"
-    return check
-
-
-def _init_smooth_scale(call: Call) -> str | None:
-    scale, x = tensor(call, "scale"), tensor(call, "x")
-    if scale is None or x is None:
-        return None
-    span = call.values.get("active_expert_range") or [0, _expert_num(call)]
-    want = (span[1] - span[0], x.shape[1])
-    return None if tuple(scale.shape) == want else f"shape {tuple(scale.shape)}; documented {want}"
-
-
-def _gsq_groups_per_expert(call: Call) -> str | None:
-    groups, weight = tensor(call, "group_list"), tensor(call, "weight")
-    if groups is None or weight is None or groups.shape[0] == weight.shape[0]:
-        return None
-    return f"{groups.shape[0]} groups; weight has {weight.shape[0]} experts"
-
-
-def _gsq_running_sums(call: Call) -> str | None:
-    groups, x = tensor(call, "group_list"), tensor(call, "x")
-    if groups is None or x is None or groups.device.type == "meta" or groups.numel() == 0:
-        return None
-    ends = groups.tolist()
-    if ends[0] < 0 or any(b < a for a, b in zip(ends, ends[1:])) or ends[-1] > x.shape[0]:
-        return f"group_list {ends} is not a non-decreasing running sum within x's {x.shape[0]} rows"
-    return None
-
-
-def _gsq_weight_scale_shape(call: Call) -> str | None:
-    scale, weight = tensor(call, "weight_scale"), tensor(call, "weight")
-    if scale is None or weight is None:
-        return None
-    want = (weight.shape[0], weight.shape[-1])
-    return None if tuple(scale.shape) == want else f"shape {tuple(scale.shape)}; documented {want}"
-
-
-def _gsq_x_scale_shape(call: Call) -> str | None:
-    scale, x = tensor(call, "x_scale"), tensor(call, "x")
-    if scale is None or x is None or tuple(scale.shape) == (x.shape[0],):
-        return None
-    return f"shape {tuple(scale.shape)}; documented ({x.shape[0]},)"
-
-
-def _pairs(call: Call) -> int:
-    indices = tensor(call, "sorted_indices")
-    return 0 if indices is None else indices.numel()
-
-
-MOE_RULES = (
-    Rule(GATE, "x", "数据类型支持`float16`、`bfloat16`、`float32`，数据格式要求为ND。支持非连续Tensor。最后一维",
-         dtype_in("x", F16, BF16, F32)),
-    Rule(GATE, "bias", "数据类型需要与`x`保持一致", _same_dtype("bias", "x")),
-    Rule(GATE, "renorm", "当前仅支持`0`", _value_in("renorm", 0)),
-    Rule(GATE_SM, "x", "表示待计算的输入要求是一个2D/3D的Tensor, 数据类型支持float16、bfloat16、float32",
-         dtype_in("x", F16, BF16, F32)),
-    Rule(INIT, "expert_idx", "且专家id不能超过专家数。数据类型支持int32",
-         all_of(dtype_in("expert_idx", I32), indices_in_range("expert_idx", _expert_num, False))),
-    Rule(INIT, "drop_pad_mode", "1表示drop_pad场景。当前仅支持0", _value_in("drop_pad_mode", 0)),
-    Rule(INIT, "expert_tokens_num_type", "当前仅支持1和2", _value_in("expert_tokens_num_type", 1, 2)),
-    Rule(INIT, "expert_tokens_num_flag", "当前仅支持True", _value_in("expert_tokens_num_flag", True)),
-    Rule(INIT, "quant_mode", "当前仅支持-1和1", _value_in("quant_mode", -1, 1)),
-    Rule(GMM, "group_list", "当group_list_type为1时, group_list必须为非负数列, 且长度不能为1", _group_list),
-    Rule(GMM, "group_list", "当group_list_type为1时, 数值的总和与x中tensor的第一维相等", _group_list_covers_x),
-    Rule(SWIGLU, "self", "dtype支持FP32、FP16或BF16类型", dtype_in("self", F16, BF16, F32)),
-    Rule(UNPERMUTE, "sorted_indices", "取值范围是[0, tokens_num * topK_num - 1]，且没有重复索引",
-         all_of(dtype_in("sorted_indices", I32), indices_in_range("sorted_indices", _pairs, False))),
-    Rule(UNPERMUTE, "padded_mode", "padded_mode当前仅支持False", _value_in("padded_mode", False)),
-    # npu_moe_init_routing_v2 in dynamic quant mode (quant_mode=1)
-    Rule(INIT, "x", "x数据类型为int8时仅支持-1，不可再量化",
-         when(_dynamic_quant, dtype_in("x", F16, BF16, F32))),
-    Rule(INIT, "scale", "动态quant场景下，如果输入则要求为2D的Tensor，shape为(expert_end-expert_start, H)",
-         when(_dynamic_quant, _init_smooth_scale)),
-    Rule(INIT, "offset", "动态quant场景下不输入", when(_dynamic_quant, _absent("offset"))),
-    # npu_grouped_matmul_swiglu_quant
-    Rule(GMM_SQ, "x", "shape支持2维，数据类型支持INT8，数据格式支持ND",
-         all_of(dtype_in("x", I8), dims_in("x", 2))),
-    Rule(GMM_SQ, "weight", "数据类型支持INT8，数据格式支持FRACTAL_NZ",
-         all_of(dtype_in("weight", I8), _format("weight", ACL_FORMAT_FRACTAL_NZ)),
-         note="'需注意该接口会将weight的数据格式强制视为FRACTAL_NZ格式': an ND weight would be "
-              "read as NZ; the plugin casts it once after loading"),
-    Rule(GMM_SQ, "group_list", "长度需与weight的首轴维度相等，数据类型支持INT64",
-         all_of(dtype_in("group_list", I64), dims_in("group_list", 1), _gsq_groups_per_expert)),
-    Rule(GMM_SQ, "group_list", "即有效数据截至到group_list[-1]", _gsq_running_sums,
-         note="read as running sums (the example's non-decreasing group_list; vllm-ascend "
-              "passes cumsum_group_list(..., 0)); the last one may not exceed x's rows"),
-    Rule(GMM_SQ, "weight_scale", "尾轴长度需要与weight还原为ND格式的尾轴相同，数据类型支持FLOAT、FLOAT16、BFLOAT16",
-         all_of(dtype_in("weight_scale", F32, F16, BF16), _gsq_weight_scale_shape)),
-    Rule(GMM_SQ, "x_scale", "shape支持1维，长度需与x的首轴维度相等，数据类型支持FLOAT",
-         all_of(dtype_in("x_scale", F32), _gsq_x_scale_shape)),
-    Rule(GMM_SQ, "bias", "bias（可选，暂不支持，Tensor）", _absent("bias")),
-    Rule(GMM_SQ, "offset", "offset（可选，暂不支持，Tensor）", _absent("offset")),
 )
 
 # --- Gated-DeltaNet ------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from vllm_ascend_ext.contract import docs
+from vllm_ascend_ext.ops.format import format_name, npu_format
 
 HAND_WRITTEN = "hand-written"
 
@@ -87,6 +88,32 @@ def dims_in(name: str, *allowed: int) -> Check:
         t = tensor(call, name)
         if t is not None and t.dim() not in allowed:
             return f"{t.dim()}-D tensor {tuple(t.shape)}; the documented shapes are {allowed}-D"
+        return None
+    return check
+
+
+def same_dtype(name: str, as_name: str) -> Check:
+    def check(call: Call) -> str | None:
+        a, b = tensor(call, name), tensor(call, as_name)
+        if a is not None and b is not None and a.dtype != b.dtype:
+            return f"dtype {a.dtype} differs from {as_name}'s {b.dtype}"
+        return None
+    return check
+
+
+def value_in(name: str, *allowed) -> Check:
+    def check(call: Call) -> str | None:
+        value = call.values.get(name)
+        return None if value in allowed else f"{name}={value!r}; allowed: {list(allowed)}"
+    return check
+
+
+def npu_format_is(name: str, acl_format: int) -> Check:
+    def check(call: Call) -> str | None:
+        t = tensor(call, name)
+        if t is not None and npu_format(t) != acl_format:
+            return (f"format {format_name(npu_format(t))}; the operator takes "
+                    f"{format_name(acl_format)} (cast once with npu_format_cast)")
         return None
     return check
 

@@ -36,11 +36,17 @@ def _check(x1, x2, gamma) -> tuple[int, ...]:
     return tuple(range(x1.dim() - g, x1.dim()))
 
 
-def add_rms_norm_reference(x1, x2, gamma, epsilon=1e-6):
+def add_and_normalise(x1, x2, gamma, epsilon=1e-6):
+    """The fp32 sum, its rstd and the fp32 normalised value (before any rounding)."""
     dims = _check(x1, x2, gamma)
     x = x1.float() + x2.float()
     rstd = torch.rsqrt(x.pow(2).mean(dim=dims, keepdim=True) + epsilon)
-    return (x * rstd * gamma.float()).to(x1.dtype), rstd, x.to(x1.dtype)
+    return x, rstd, x * rstd * gamma.float()
+
+
+def add_rms_norm_reference(x1, x2, gamma, epsilon=1e-6):
+    x, rstd, y = add_and_normalise(x1, x2, gamma, epsilon)
+    return y.to(x1.dtype), rstd, x.to(x1.dtype)
 
 
 def add_rms_norm_meta(x1, x2, gamma, epsilon=1e-6):

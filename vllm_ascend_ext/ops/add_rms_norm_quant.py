@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops._dispatch import torch_npu_module
-from vllm_ascend_ext.ops.add_rms_norm import add_rms_norm_reference
+from vllm_ascend_ext.ops.add_rms_norm import add_and_normalise
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.op_record import NpuOp
 from vllm_ascend_ext.ops.quant import dynamic_quant_reference
@@ -50,12 +50,10 @@ def add_rms_norm_dynamic_quant_reference(x1, x2, gamma, *, smooth_scale1=None,
                                          output_mask=None, y_dtype=None):
     _check(x1, gamma, beta, y_dtype)
     out1, out2 = _paths(smooth_scale1, smooth_scale2, output_mask)
-    # y in fp32: add_rms_norm_reference's normalised value before its final rounding
-    x = x1.float() + x2.float()
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + epsilon) * gamma.float()
+    x, _, y = add_and_normalise(x1, x2, gamma, epsilon)     # y in fp32, not rounded
     if beta is not None:
         y = y + beta.float()
-    x_out = add_rms_norm_reference(x1, x2, gamma, epsilon)[2]
+    x_out = x.to(x1.dtype)
     empty_y, empty_s = x1.new_empty((0,), dtype=torch.int8), x1.new_empty((0,), dtype=torch.float32)
     results = []
     for wanted, smooth in ((out1, smooth_scale1), (out2, smooth_scale2)):
