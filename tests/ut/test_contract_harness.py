@@ -60,7 +60,10 @@ def test_every_rule_quotes_a_line_the_pinned_documentation_has():
 @pytest.mark.parametrize("op,expected", [
     ("npu_dynamic_quant", ("A2", "A3")), ("npu_scatter_pa_kv_cache", ("A2", "A3")),
     ("npu_recurrent_gated_delta_rule", ("A2", "A3")), ("npu_fused_causal_conv1d", ("A5",)),
-    ("npu_quant_matmul", ("310P", "A2", "A3")), ("npu_fused_infer_attention_score", None),
+    ("npu_quant_matmul", ("310P", "A2", "A3")),
+    # pages headed 支持的芯片型号 (some with <term> tags) instead of 支持的型号
+    ("npu_fused_infer_attention_score", ("A2", "A3")), ("npu_mla_prolog_v3", ("A2", "A3")),
+    ("npu_dequant_swiglu_quant", ("A2", "A3")), ("npu_mrope", None),
 ])
 def test_supported_products_are_read_from_the_documentation(op, expected):
     assert docs.families(op) == expected

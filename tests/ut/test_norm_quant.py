@@ -108,6 +108,10 @@ class _Mlp(torch.nn.Module):
     def forward(self, x):
         return self.down_proj(self.act_fn(self.gate_up_proj(x)[0]))[0]
 
+    def forward_prequantized(self, xq, sx, out_dtype):   # DsaMLP's unfused-activation branch
+        gate_up = w8a8_dynamic.apply_prequantized(self.gate_up_proj, xq, sx, out_dtype)
+        return self.down_proj(self.act_fn(gate_up))[0]
+
 
 def test_fused_mlp_input_equals_norm_then_quantized_linear():
     """mlp(norm(h + residual)) through the fused op equals the unfused chain (npu_add_rms_norm,

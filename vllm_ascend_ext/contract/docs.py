@@ -3,7 +3,7 @@
 Each documented rule the harness checks quotes the line of this text it rests on:
 ``line(op, needle)`` returns that line and raises if the documentation no longer has
 it, so a rule can never outlive its source. ``families(op)`` reads the operator's
-supported products (支持的型号); many operators list none, which the harness reports
+supported products (支持的型号, on some pages 支持的芯片型号); many operators list none, which the harness reports
 as "unspecified", never as a pass.
 """
 
@@ -15,6 +15,8 @@ import functools
 from vllm_ascend_ext.contract import oracle
 
 SUPPORTED_PRODUCTS = "支持的型号"
+# the heading some pages use instead (npu_fused_infer_attention_score, npu_mla_prolog_v3 ...)
+SUPPORTED_CHIPS = "支持的芯片型号"
 # Product words -> SoC family, most specific first (a product line may name several).
 _FAMILY_WORDS = (("950", "A5"), ("A5", "A5"), ("A3", "A3"), ("A2", "A2"),
                  ("推理系列", "310P"), ("训练系列", "910"))
@@ -64,10 +66,13 @@ def families(op: str) -> tuple[str, ...] | None:
     text = doc(op) or ""
     at = text.find(SUPPORTED_PRODUCTS)
     if at < 0:
+        at = text.find(SUPPORTED_CHIPS)
+    if at < 0:
         return None
     found: set[str] = set()
     for product in text[at:].splitlines()[1:]:
-        product = product.strip().lstrip("-").strip()
+        product = product.strip().lstrip("-").strip().removeprefix("<term>").removesuffix(
+            "</term>")
         if not product:
             if found:
                 break

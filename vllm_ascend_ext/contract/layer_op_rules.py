@@ -1,6 +1,7 @@
 """Documented rules of the operators the plugin's layer ops call outside attention and
 MoE (``layers/``): RMSNorm with and without the residual add, Gemma's RMSNorm, RoPE,
-and the add + RmsNorm + dynamic quant a W8A8 MLP consumes (``models/``).
+the add + RmsNorm + dynamic quant a W8A8 MLP consumes (``models/``), and the W8A8 MLP's
+dequant + SwiGLU + quant (``layers/w8a8_mlp.py``).
 
 ``npu_rms_norm``'s rules stay in ``op_rules.NORM_QUANT_RULES`` (the SFA path calls it
 too); ``npu_swiglu``'s in ``MOE_RULES``. ``npu_add_rms_norm`` has a schema and an
@@ -22,11 +23,14 @@ from vllm_ascend_ext.contract.rules import (
     indices_in_range,
     same_dtype,
     tensor,
+    value_in,
+    when,
 )
 
 F16, BF16, F32, I32, I64 = (torch.float16, torch.bfloat16, torch.float32, torch.int32,
                             torch.int64)
 GEMMA, MROPE, ARNQ = "npu_gemma_rms_norm", "npu_mrope", "npu_add_rms_norm_dynamic_quant"
+DSQ = "npu_dequant_swiglu_quant"
 
 
 def _not_empty(name: str):
@@ -34,6 +38,62 @@ def _not_empty(name: str):
         t = tensor(call, name)
         return None if t is None or t.numel() else f"{name} is empty {tuple(t.shape)}"
     return check
+
+
+def _even_last_dim(call: Call) -> str | None:
+    x = tensor(call, "x")
+    return None if x is None or x.shape[-1] % 2 == 0 else f"last dim {x.shape[-1]} is odd"
+
+
+def _x_int32(call: Call) -> bool:
+    x = tensor(call, "x")
+    return x is not None and x.dtype == I32
+
+
+def _present(name: str):
+    def check(call: Call) -> str | None:
+        return None if tensor(call, name) is not None else f"{name} is None"
+    return check
+
+
+def _dsq_weight_scale(call: Call) -> str | None:
+    x, ws, groups = tensor(call, "x"), tensor(call, "weight_scale"), tensor(call, "group_index")
+    n = 1 if groups is None else groups.shape[0]
+    if ws is not None and tuple(ws.shape) != (n, x.shape[-1]):
+        return f"shape {tuple(ws.shape)}; documented [groupNum, 2H] = [{n}, {x.shape[-1]}]"
+    return None
+
+
+def _dsq_activation_scale(call: Call) -> str | None:
+    x, s = tensor(call, "x"), tensor(call, "activation_scale")
+    if s is not None and tuple(s.shape) != (x.shape[0],):
+        return f"shape {tuple(s.shape)}; documented [TokensNum] = [{x.shape[0]}]"
+    return None
+
+
+def _dsq_float_x(call: Call) -> str | None:
+    x = tensor(call, "x")
+    if x is None or x.dtype == I32:
+        return None
+    given = [n for n in ("weight_scale", "activation_scale", "bias") if tensor(call, n) is not None]
+    return f"{', '.join(given)} given with a {x.dtype} x" if given else None
+
+
+def _dsq_groups(call: Call) -> str | None:
+    if tensor(call, "group_index") is None:
+        return None
+    if call.values.get("quant_mode") != 1:
+        return f"quant_mode={call.values.get('quant_mode')} with group_index (dynamic only)"
+    given = [n for n in ("bias", "quant_offset") if tensor(call, n) is not None]
+    return f"{', '.join(given)} given with group_index" if given else None
+
+
+def _dsq_group_width(call: Call) -> str | None:
+    x = tensor(call, "x")
+    if tensor(call, "group_index") is None or x is None:
+        return None
+    h = x.shape[-1] // 2
+    return None if h <= 10496 and h % 64 == 0 else f"H={h} (not <= 10496 and 64-aligned)"
 
 
 def _rotary_dim_multiple(call: Call) -> str | None:
@@ -82,4 +142,17 @@ LAYER_OP_RULES = (
          indices_in_range("positions", _cache_rows, negative_ok=False)),
     Rule(MROPE, "rotary_mode", "'half'表示rotate_half(GPT-NeoX style)计算模式，'interleave'表示",
          _rope_mode),
+    Rule(DSQ, "x", "尾轴为偶数。数据类型支持int32和bfloat16",
+         all_of(dtype_in("x", I32, BF16), dims_in("x", 2), _even_last_dim)),
+    Rule(DSQ, "weight_scale", "表示权重量化对应的反量化系数。要求是2D的Tensor",
+         when(_x_int32, all_of(_present("weight_scale"), dtype_in("weight_scale", F32),
+                               _dsq_weight_scale))),
+    Rule(DSQ, "activation_scale", "表示per-token权重量化对应的反量化系数。要求是1D的Tensor",
+         when(_x_int32, all_of(_present("activation_scale"), dtype_in("activation_scale", F32),
+                               _dsq_activation_scale))),
+    Rule(DSQ, "x", "时，weight_scale、activation_scale、bias 必须为 None", _dsq_float_x),
+    Rule(DSQ, "quant_mode", "量化模式，0 表示静态量化，1 表示动态量化", value_in("quant_mode", 0, 1)),
+    Rule(DSQ, "group_index", "仅支持动态量化（quant_mode=1），且 bias、quant_offset 必须为 None",
+         _dsq_groups),
+    Rule(DSQ, "group_index", "H≤10496同时64对齐场景", _dsq_group_width),
 )

@@ -263,6 +263,19 @@ def _output_dtype(call: Call) -> str | None:
     return None
 
 
+def _int32_output(call: Call) -> str | None:
+    """The documented combination with ``output_dtype`` int32 (table 1's last column for
+    A2/A3: x1/x2 int8, scale float32/bfloat16, pertoken_scale None, bias int32/None)."""
+    x1, bias = tensor(call, "x1"), tensor(call, "bias")
+    if call.values.get("output_dtype") != I32 or x1 is None or x1.dtype != I8:
+        return None
+    if tensor(call, "pertoken_scale") is not None:
+        return "pertoken_scale given with output_dtype int32 (the combination has none)"
+    if bias is not None and bias.dtype != I32:
+        return f"bias {bias.dtype} with output_dtype int32 (int32 or None)"
+    return None
+
+
 def _x2_nz_family(call: Call) -> str | None:
     t = tensor(call, "x2")
     if t is not None and npu_format(t) == ACL_FORMAT_FRACTAL_NZ and call.family not in NZ_FAMILIES:
@@ -286,6 +299,8 @@ NORM_QUANT_RULES = (
          all_of(dtype_in("pertoken_scale", F32), dims_in("pertoken_scale", 1))),
     Rule(QMM, "output_dtype", "Atlas A2 训练系列产品/Atlas 800I A2 推理产品: 支持输入torch.int8、torch.float16、torch.bfloat16、torch.int32",
          _output_dtype),
+    Rule(QMM, "output_dtype", "output_dtype:float16, int8, bfloat16, float16, float16, int32",
+         _int32_output, note="table 1 (A2/A3): int8 x1 with int32 output takes no pertoken_scale"),
     Rule(QMM, "x2", "将x2非转置(batch, k, n)后转format, 示例代码如下, 仅支持如下产品", _x2_nz_family,
          note="the products listed after it are A2 and A3; A2/A3 also read "
               "'推荐x2不转置直接转亲和format'"),

@@ -25,9 +25,14 @@ _A3_IN_PRODUCTION = ("called as on A2, as vllm-ascend's MoE path does on every S
 _UNFUSED_THERE = ("not called there: the W8A8 experts take it only with FRACTAL_NZ weights "
                   "(A2/A3); elsewhere they run npu_dynamic_quant, npu_grouped_matmul and "
                   "npu_swiglu instead; the 2.13 documentation lists A2/A3 only")
+_W8A8_MLP_A2_A3 = ("not called there: the W8A8 MLPs take it on A2/A3 only (the SoCs "
+                   "its documentation lists); elsewhere they run npu_quant_matmul with a "
+                   "floating output, npu_swiglu and npu_dynamic_quant")
 
 # op -> {family the docs do not list: the route the plugin takes there}
 GAPS: dict[str, dict[str, str]] = {
+    "npu_fused_infer_attention_score": {"A5": _SAME},
+    "npu_mla_prolog_v3": {"A5": _SAME},
     "npu_moe_gating_top_k_softmax": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
     "npu_grouped_matmul": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
     "npu_swiglu": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
@@ -40,6 +45,7 @@ GAPS: dict[str, dict[str, str]] = {
     "npu_chunk_gated_delta_rule": {"A5": _SAME},
     "npu_recurrent_gated_delta_rule": {"A5": _SAME},
     "npu_grouped_matmul_swiglu_quant": {"A5": _UNFUSED_THERE},
+    "npu_dequant_swiglu_quant": {"A5": _W8A8_MLP_A2_A3},
 }
 
 

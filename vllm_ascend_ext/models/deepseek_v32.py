@@ -38,7 +38,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     VocabParallelEmbedding,
 )
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-from vllm.model_executor.models.deepseek_v2 import DeepseekV2MLP, DeepseekV2MoE, yarn_get_mscale
+from vllm.model_executor.models.deepseek_v2 import yarn_get_mscale
 from vllm.model_executor.models.utils import make_layers, maybe_prefix
 
 from vllm_ascend_ext.attention.sfa import route as sfa_route
@@ -49,6 +49,7 @@ from vllm_ascend_ext.attention.sfa.projections import SfaProjections
 from vllm_ascend_ext.attention.sfa.weights import PROLOG_SOURCES
 from vllm_ascend_ext.config import get_config
 from vllm_ascend_ext.layers.norm_quant import mlp_after_norm, takes_fused_norm_quant
+from vllm_ascend_ext.models.dsa_mlp import DsaMLP, DsaMoE
 from vllm_ascend_ext.quantization.w8a8_dynamic import is_w8a8
 
 logger = init_logger("vllm.ascend_ext")
@@ -169,19 +170,20 @@ class DsaDecoderLayer(nn.Module):
         moe = (getattr(config, "n_routed_experts", None) is not None
                and idx >= config.first_k_dense_replace
                and idx % getattr(config, "moe_layer_freq", 1) == 0)
+        layer_ops = get_config(vllm_config).layer_ops
         if moe:
-            self.mlp = DeepseekV2MoE(config=config, parallel_config=vllm_config.parallel_config,
-                                     quant_config=vllm_config.quant_config, prefix=f"{prefix}.mlp",
-                                     apply_routed_scale_to_output=True)
+            self.mlp = DsaMoE(config=config, parallel_config=vllm_config.parallel_config,
+                              quant_config=vllm_config.quant_config, prefix=f"{prefix}.mlp",
+                              layer_ops=layer_ops)
         else:
-            self.mlp = DeepseekV2MLP(hidden_size=config.hidden_size,
-                                     intermediate_size=config.intermediate_size,
-                                     hidden_act=config.hidden_act,
-                                     quant_config=vllm_config.quant_config, prefix=f"{prefix}.mlp")
+            self.mlp = DsaMLP(layer_ops=layer_ops, hidden_size=config.hidden_size,
+                              intermediate_size=config.intermediate_size,
+                              hidden_act=config.hidden_act,
+                              quant_config=vllm_config.quant_config, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         # A dense W8A8 MLP takes the post-attention norm's int8 output (layers/norm_quant.py)
-        self.fused_norm_quant = takes_fused_norm_quant(self.mlp, get_config(vllm_config).layer_ops)
+        self.fused_norm_quant = takes_fused_norm_quant(self.mlp, layer_ops)
 
     def forward(self, positions, hidden_states, residual):
         if residual is None:
