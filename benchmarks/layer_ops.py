@@ -14,8 +14,10 @@ split by piece with forward hooks on the layer's submodules:
 - input / post-attention norm: the layer's ``input_layernorm`` / ``post_attention_layernorm``;
 - q/k norm: ``q_norm`` + ``k_norm`` (Qwen3, Qwen3-Next); rope: ``rotary_emb``;
 - activation: the MLP block's ``act_fn`` modules plus ``npu_swiglu`` calls of its routed
-  experts; activation quant: ``npu_dynamic_quant`` calls inside the MLP block (a
-  post-attention norm fused with the MLP's quantization counts as the norm's one launch).
+  experts, and ``npu_dequant_swiglu_quant`` (a W8A8 MLP's dequantization, SwiGLU and
+  re-quantization in one launch); activation quant: ``npu_dynamic_quant`` calls inside
+  the MLP block (a post-attention norm fused with the MLP's quantization counts as the
+  norm's one launch).
 
 The counts are hardware-independent: on an NPU each counted call is one kernel launch.
 vllm-ascend's column is read from its code at a named commit (``docs/layer-ops.md``
@@ -154,6 +156,8 @@ def child(kind: str, variant: str) -> dict:
     pieces = {p: got.get(p, 0) for p in PIECES}
     # Routed experts' npu_swiglu (inside the MoE method, outside any act_fn) is activation.
     pieces["activation"] += max(0, got.get("mlp npu_swiglu", 0) - got.get("act_fn npu_swiglu", 0))
+    # A W8A8 MLP's activation as one launch (layers/w8a8_mlp.py: no act_fn module runs).
+    pieces["activation"] += ops["npu_dequant_swiglu_quant"]
     # Quantizations of the layer outside its attention (the MLP's), and the fused
     # post-attention norm + quantization, which runs in place of the norm module.
     pieces["activation quant"] = ops["npu_dynamic_quant"] - got.get("attention quant", 0)

@@ -35,7 +35,8 @@ def test_tiny_qwen_moe_runs_in_contract_mode_with_no_violation(runs):
     ("ascend910_9391", {"npu_moe_gating_top_k_softmax@A3", "npu_grouped_matmul@A3",
                         "npu_swiglu@A3"}),
     ("ascend950", {"npu_moe_gating_top_k_softmax@A5", "npu_grouped_matmul@A5", "npu_swiglu@A5",
-                   "npu_moe_init_routing_v2@A5", "npu_scatter_pa_kv_cache@A5"}),
+                   "npu_moe_init_routing_v2@A5", "npu_scatter_pa_kv_cache@A5",
+                   "npu_fused_infer_attention_score@A5"}),
 ], ids=["A3", "950"])
 def test_contract_mode_pretending_a3_and_950_reports_documentation_gaps_per_soc(runs, soc, gaps):
     """End to end on the other SoC families: 0 violations; the calls the documentation
@@ -57,12 +58,13 @@ LAYER_OPS = {"npu_rms_norm", "npu_add_rms_norm", "npu_mrope", "npu_swiglu"}
 NATIVE_OPS = {"npu_rms_norm", "npu_interleave_rope", "npu_kv_rmsnorm_rope_cache",
               "npu_lightning_indexer", "npu_sparse_flash_attention", "npu_add_rms_norm"} | MOE_OPS
 # DSA's RoPE runs inside its attention ops: the layer ops are its norms and SiluAndMul.
-# The W8A8 experts (FRACTAL_NZ on the default A2) take the fused first GEMM; npu_swiglu and
-# npu_dynamic_quant stay for the dense MLPs and the W8A8 linears.
+# The W8A8 experts (FRACTAL_NZ on the default A2) take the fused first GEMM, the dense
+# and shared-expert MLPs npu_dequant_swiglu_quant: no npu_swiglu is left.
 PROLOG_W8A8_OPS = {"npu_format_cast", "npu_dynamic_quant", "npu_quant_matmul", "npu_mla_prolog_v3",
                    "npu_lightning_indexer", "npu_sparse_flash_attention", "npu_rms_norm",
                    "npu_add_rms_norm", "npu_add_rms_norm_dynamic_quant",
-                   "npu_grouped_matmul_swiglu_quant"} | MOE_OPS
+                   "npu_grouped_matmul_swiglu_quant", "npu_dequant_swiglu_quant"} | (
+                       MOE_OPS - {"npu_swiglu"})
 
 
 @pytest.mark.parametrize("extra,ops", [((), NATIVE_OPS), (("--quantized",), PROLOG_W8A8_OPS)],
@@ -116,13 +118,14 @@ def test_tiny_dsa_w8a8_pretending_950_takes_the_routes_its_documentation_allows(
     """On an Ascend 950 the int8 linear and expert weights stay ND (FRACTAL_NZ is documented
     for A2/A3; the prolog's own weights are NZ as its docs ask), so the W8A8 experts take
     the unfused sequence (npu_grouped_matmul_swiglu_quant reads its weight
-    as NZ and is documented for A2/A3); the dense layer's norm + quant op is a gap there."""
+    as NZ and is documented for A2/A3), the MLPs npu_swiglu (npu_dequant_swiglu_quant is
+    documented for A2/A3); the dense layer's norm + quant op is a gap there."""
     on = run_script("run_dsa.py", *DSA_ARGS, "--quantized", emulate=True,
                     ASCEND_EXT_NPU_CONTRACT="1", ASCEND_EXT_SOC="ascend950")
     contract = on["contract"]
     assert contract["violations"] == 0, contract["summary"]
     calls = set(contract["calls"])
-    assert "npu_grouped_matmul_swiglu_quant" not in calls
+    assert not {"npu_grouped_matmul_swiglu_quant", "npu_dequant_swiglu_quant"} & calls
     assert {"npu_add_rms_norm_dynamic_quant", "npu_swiglu", "npu_dynamic_quant"} <= calls
     listed = contract["summary"].split("documentation gaps")[1].split(": ", 1)[1]
     assert "npu_add_rms_norm_dynamic_quant@A5" in {p.split("=")[0] for p in listed.split(", ")}

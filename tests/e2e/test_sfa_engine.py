@@ -108,7 +108,8 @@ def test_w8a8_model_takes_the_fused_prolog_and_matches_the_native_chain(dsa):
 def test_w8a8_dense_layer_fuses_its_norm_with_the_mlp_quantization(dsa):
     """bf16 (the fused op takes fp16/bf16): the dense W8A8 layer's post-attention norm and
     the MLP's activation quantization run as one npu_add_rms_norm_dynamic_quant whose int8
-    output gate_up_proj consumes; against vLLM's native layer ops (the path checked against
+    output gate_up_proj consumes, and the W8A8 MLPs' activation as one
+    npu_dequant_swiglu_quant; against vLLM's native layer ops (the path checked against
     dense math above, in fp32) the first greedy tokens are the same. Its accuracy is checked
     against independent math in tests/ut/test_norm_quant.py: this tiny random W8A8 model is
     chaotic in bf16 (two bf16 runs of equal quality part ways over 8 tokens, and both leave
@@ -120,7 +121,12 @@ def test_w8a8_dense_layer_fuses_its_norm_with_the_mlp_quantization(dsa):
     fused_ops, native_ops = _decode(fused), _decode(native)
     assert fused_ops["npu_add_rms_norm_dynamic_quant"] == 1      # one dense layer
     assert "npu_add_rms_norm_dynamic_quant" not in native_ops
-    assert fused_ops["npu_dynamic_quant"] == native_ops["npu_dynamic_quant"] - 1
+    # the dense MLP and the MoE layer's shared expert: the activation is one
+    # npu_dequant_swiglu_quant (A2), which also quantizes down_proj's input; the dense
+    # MLP's own input quantization is the norm's
+    assert fused_ops["npu_dequant_swiglu_quant"] == 2
+    assert "npu_dequant_swiglu_quant" not in native_ops
+    assert fused_ops["npu_dynamic_quant"] == native_ops["npu_dynamic_quant"] - 3
     assert fused["tokens"] == native["tokens"]
     assert _max_lp_diff(fused, native) < 1.5
 
