@@ -34,3 +34,7 @@ def test_add_rms_norm_dynamic_quant_matches_reference():
 
 def test_moe_experts_w8a8_fused_match_reference():
     _check(layers.moe_experts_w8a8_fused())
+
+
+def test_w8a8_mlp_activation_matches_reference():
+    _check(layers.w8a8_mlp_activation())

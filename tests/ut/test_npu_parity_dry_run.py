@@ -75,7 +75,7 @@ def test_doctor_smoke_runs_one_case_per_operator_dry(monkeypatch):
         "mla_prolog_v3[True]", "k3_prolog", "moe_routing", "moe_experts[False]",
         "moe_experts[True]", "rms_norm", "add_rms_norm", "gemma_rms_norm", "mrope['qwen3']",
         "mrope['qwen3_next']", "mrope['interleave']", "add_rms_norm_dynamic_quant",
-        "moe_experts_w8a8_fused"]
+        "moe_experts_w8a8_fused", "w8a8_mlp_activation"]
     assert all(r["ok"] for r in results), results
     assert harness.violations == 0
     assert {"npu_fused_infer_attention_score", "npu_scatter_pa_kv_cache",
@@ -85,7 +85,7 @@ def test_doctor_smoke_runs_one_case_per_operator_dry(monkeypatch):
             "npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_swiglu",
             "npu_moe_token_unpermute", "npu_rms_norm", "npu_add_rms_norm", "npu_gemma_rms_norm",
             "npu_mrope", "npu_add_rms_norm_dynamic_quant",
-            "npu_grouped_matmul_swiglu_quant"} <= set(harness.calls)
+            "npu_grouped_matmul_swiglu_quant", "npu_dequant_swiglu_quant"} <= set(harness.calls)
 
 
 def test_a_smoke_case_that_fails_or_raises_is_reported():

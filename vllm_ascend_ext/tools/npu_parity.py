@@ -355,7 +355,8 @@ SMOKE = (fia, scatter_pa_kv_cache, kv_rmsnorm_rope_cache, lightning_indexer,
          functools.partial(moe_experts, False), functools.partial(moe_experts, True),
          layers.rms_norm, layers.add_rms_norm, layers.gemma_rms_norm,
          *(functools.partial(layers.mrope, case) for case in layers.ROPE_CASES),
-         layers.add_rms_norm_dynamic_quant, layers.moe_experts_w8a8_fused)
+         layers.add_rms_norm_dynamic_quant, layers.moe_experts_w8a8_fused,
+         layers.w8a8_mlp_activation)
 
 
 def case_name(case) -> str:

@@ -30,6 +30,10 @@ from vllm_ascend_ext.ops.add_rms_norm_quant import (
     add_rms_norm_dynamic_quant_npu,
     add_rms_norm_dynamic_quant_reference,
 )
+from vllm_ascend_ext.ops.dequant_swiglu_quant import (
+    dequant_swiglu_quant_npu,
+    dequant_swiglu_quant_reference,
+)
 from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, format_cast_npu
 from vllm_ascend_ext.ops.grouped_matmul_swiglu_quant import (
     grouped_matmul_swiglu_quant_npu,
@@ -42,6 +46,11 @@ from vllm_ascend_ext.ops.norm import (
     gemma_rms_norm_reference,
     rms_norm_npu,
     rms_norm_reference,
+)
+from vllm_ascend_ext.ops.quant import (
+    dynamic_quant_reference,
+    quant_matmul_npu,
+    quant_matmul_reference,
 )
 
 BF = torch.bfloat16
@@ -250,3 +259,29 @@ def moe_experts_w8a8_fused() -> list:
             *_int8("npu_grouped_matmul_swiglu_quant (NZ w13) output", a, a_ref),
             _m("npu_grouped_matmul_swiglu_quant (NZ w13) output scale max rel err",
                _rel_err(a_s, as_ref), 1e-2)]
+
+
+# ------------------------------------------------------------ W8A8 MLP activation
+def w8a8_mlp_activation() -> list:
+    """``layers/w8a8_mlp.py``'s first two calls (DeepSeek-V3.2's shared expert at TP 8:
+    16 tokens, H 7168, intermediate 256): ``npu_quant_matmul`` with ``output_dtype``
+    int32 on the NZ ``gate_up`` weight (the raw accumulation: exact), then
+    ``npu_dequant_swiglu_quant`` on the reference's accumulation (isolated) with the
+    weight's per-channel and the rows' per-token scales, gate half first."""
+    x, _ = _hidden(16, 7168, 16)
+    xq, sx = dynamic_quant_reference(x)
+    w = torch.randint(-127, 128, (7168, 512), dtype=torch.int8)
+    w_scale = (0.5 + torch.rand(512)) * 2e-4                      # h = O(1)
+    acc_ref = quant_matmul_reference(xq, w, w_scale, output_dtype=torch.int32)
+    w_nz = format_cast_npu(_npu(w), ACL_FORMAT_FRACTAL_NZ)
+    acc = quant_matmul_npu(_npu(xq), w_nz, _npu(w_scale), output_dtype=torch.int32)
+    kw = dict(bias=None, quant_scale=None, quant_offset=None, group_index=None,
+              activate_left=True, quant_mode=1)      # what npu_dequant_swiglu_quant passes
+    y_ref, s_ref = dequant_swiglu_quant_reference(acc_ref, weight_scale=w_scale[None],
+                                                  activation_scale=sx, **kw)
+    y, s = dequant_swiglu_quant_npu(_npu(acc_ref), weight_scale=_npu(w_scale[None]),
+                                    activation_scale=_npu(sx), **kw)
+    return [_m("npu_quant_matmul (int32 out, NZ weight) max abs difference",
+               float((acc.cpu().long() - acc_ref.long()).abs().max()), 0.0),
+            *_int8("npu_dequant_swiglu_quant output", y, y_ref),
+            _m("npu_dequant_swiglu_quant scale max rel err", _rel_err(s, s_ref), 1e-2)]
