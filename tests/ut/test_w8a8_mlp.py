@@ -242,7 +242,8 @@ def test_contract_rules_flag_bad_calls_and_pass_good_ones():
 
     assert problems() == []
     assert problems(activation_scale=None) == ["activation_scale"]
-    assert problems(activation_scale=act[:, None]) == ["activation_scale"]
+    assert problems(activation_scale=act[:, None]) == []          # the docs' example shape
+    assert problems(activation_scale=act[:3]) == ["activation_scale"]
     assert problems(weight_scale=ws.double()) == ["weight_scale"]
     assert problems(x=x.bfloat16()) == ["x"]                     # scales given with bf16 x
     assert problems(x=x.bfloat16(), weight_scale=None, activation_scale=None) == []
@@ -262,3 +263,30 @@ def test_contract_rules_flag_bad_calls_and_pass_good_ones():
     assert _problems("npu_quant_matmul", op_rules.NORM_QUANT_RULES, **qmm) == []
     assert _problems("npu_quant_matmul", op_rules.NORM_QUANT_RULES,
                      **{**qmm, "pertoken_scale": torch.ones(2)}) == ["output_dtype"]
+    assert _problems("npu_quant_matmul", op_rules.NORM_QUANT_RULES,
+                     **{**qmm, "scale": torch.ones(4, dtype=torch.int64)}) == ["output_dtype"]
+
+
+@pytest.mark.parametrize("reduce_results", [True, False])
+def test_down_proj_partial_sums_are_all_reduced_once_under_tensor_parallelism(
+        mlp, monkeypatch, reduce_results):
+    """As RowParallelLinear.forward: one all-reduce of the partial sums when down_proj
+    reduces its results and tensor parallelism is on, none otherwise (the shared expert's
+    down_proj does not: vLLM's fused-MoE layer reduces routed + shared once)."""
+    import vllm.distributed
+
+    calls = []
+
+    def all_reduce(t):          # the other rank holding the same partial sum
+        calls.append(t.shape)
+        return t * 2
+
+    monkeypatch.setattr(vllm.distributed, "tensor_model_parallel_all_reduce", all_reduce)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(8)).bfloat16()
+    single = w8a8_mlp.w8a8_mlp(mlp, x)
+    assert calls == []                           # tp_size 1: nothing to reduce
+    monkeypatch.setattr(mlp.down_proj, "tp_size", 2)
+    monkeypatch.setattr(mlp.down_proj, "reduce_results", reduce_results)
+    out = w8a8_mlp.w8a8_mlp(mlp, x)
+    assert len(calls) == (1 if reduce_results else 0)
+    assert torch.equal(out, single * 2 if reduce_results else single)

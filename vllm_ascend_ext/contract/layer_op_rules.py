@@ -65,8 +65,9 @@ def _dsq_weight_scale(call: Call) -> str | None:
 
 
 def _dsq_activation_scale(call: Call) -> str | None:
+    # [TokensNum] as the parameter text says, or [TokensNum, 1] as its own example passes
     x, s = tensor(call, "x"), tensor(call, "activation_scale")
-    if s is not None and tuple(s.shape) != (x.shape[0],):
+    if s is not None and tuple(s.shape) not in ((x.shape[0],), (x.shape[0], 1)):
         return f"shape {tuple(s.shape)}; documented [TokensNum] = [{x.shape[0]}]"
     return None
 

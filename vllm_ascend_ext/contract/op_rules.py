@@ -265,12 +265,16 @@ def _output_dtype(call: Call) -> str | None:
 
 def _int32_output(call: Call) -> str | None:
     """The documented combination with ``output_dtype`` int32 (table 1's last column for
-    A2/A3: x1/x2 int8, scale float32/bfloat16, pertoken_scale None, bias int32/None)."""
-    x1, bias = tensor(call, "x1"), tensor(call, "bias")
+    A2/A3: x1/x2 int8, scale float32/bfloat16, offset None, pertoken_scale None, bias
+    int32/None)."""
+    x1, bias, scale = tensor(call, "x1"), tensor(call, "bias"), tensor(call, "scale")
     if call.values.get("output_dtype") != I32 or x1 is None or x1.dtype != I8:
         return None
-    if tensor(call, "pertoken_scale") is not None:
-        return "pertoken_scale given with output_dtype int32 (the combination has none)"
+    for name in ("pertoken_scale", "offset"):
+        if tensor(call, name) is not None:
+            return f"{name} given with output_dtype int32 (the combination has none)"
+    if scale is not None and scale.dtype not in (F32, BF16):
+        return f"scale {scale.dtype} with output_dtype int32 (float32 or bfloat16)"
     if bias is not None and bias.dtype != I32:
         return f"bias {bias.dtype} with output_dtype int32 (int32 or None)"
     return None

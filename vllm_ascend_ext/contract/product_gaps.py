@@ -25,6 +25,9 @@ _A3_IN_PRODUCTION = ("called as on A2, as vllm-ascend's MoE path does on every S
 _UNFUSED_THERE = ("not called there: the W8A8 experts take it only with FRACTAL_NZ weights "
                   "(A2/A3); elsewhere they run npu_dynamic_quant, npu_grouped_matmul and "
                   "npu_swiglu instead; the 2.13 documentation lists A2/A3 only")
+_PROLOG_ON_A5 = ("called as on {listed}: the fused prolog is the SFA layers' default route "
+                 "on every SoC (ascend_ext.sfa.preprocess: \"native\" takes the unfused chain "
+                 "instead); unverified on this SoC until it runs there")
 _W8A8_MLP_A2_A3 = ("not called there: the W8A8 MLPs take it on A2/A3 only (the SoCs "
                    "its documentation lists); elsewhere they run npu_quant_matmul with a "
                    "floating output, npu_swiglu and npu_dynamic_quant")
@@ -32,7 +35,7 @@ _W8A8_MLP_A2_A3 = ("not called there: the W8A8 MLPs take it on A2/A3 only (the S
 # op -> {family the docs do not list: the route the plugin takes there}
 GAPS: dict[str, dict[str, str]] = {
     "npu_fused_infer_attention_score": {"A5": _SAME},
-    "npu_mla_prolog_v3": {"A5": _SAME},
+    "npu_mla_prolog_v3": {"A5": _PROLOG_ON_A5},
     "npu_moe_gating_top_k_softmax": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
     "npu_grouped_matmul": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},
     "npu_swiglu": {"A3": _A3_IN_PRODUCTION, "A5": _SAME},

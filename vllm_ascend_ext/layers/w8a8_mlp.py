@@ -8,7 +8,7 @@ accumulation (``npu_quant_matmul(output_dtype=torch.int32)``, documented for A2/
 a per-token scale) and ``npu_dequant_swiglu_quant`` dequantizes it with the weight's
 per-channel and the activation's per-token scales, applies SwiGLU (gate first,
 ``activate_left=True``, vLLM's ``SiluAndMul`` layout) and quantizes per token for
-``down_proj``: two launches fewer per MLP, as vllm-ascend's W8A8 shared expert runs
+``down_proj``: four launches instead of five per MLP, as vllm-ascend's W8A8 shared expert runs
 (``vllm_ascend/ops/fused_moe/shared_experts.py``). The numerics differ from the unfused
 chain only by the bf16 rounding of the GEMM output and of the SwiGLU, which the fused op
 does not do.

@@ -4,7 +4,9 @@ vLLM's own DeepSeek-V3.2 builds an indexer whose cache layer hard-codes vLLM's
 Triton indexer backend, so the plugin registers this model class for the DSA
 architectures (``ModelRegistry.register_model``, only while the plugin's platform
 is active). Everything but attention reuses vLLM's layers (embeddings, RMSNorm,
-the DeepSeek MLP and MoE, linear layers with their quantization methods); each
+linear layers with their quantization methods, the fused-MoE layer); the MLP and the
+MoE block are vLLM's DeepSeek ones built by the plugin (``models/dsa_mlp.py``, so a
+W8A8 MLP's activation can be one launch); each
 attention layer owns its projection weights and an ``SfaLayer`` that vLLM's runner
 treats like any attention layer (cache spec, metadata builder, forward context).
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from vllm.distributed import tensor_model_parallel_all_gather
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory, GateLinear
-from vllm.model_executor.models.deepseek_v2 import DeepseekV2MLP
+from vllm.model_executor.models.deepseek_v2 import DeepseekV2MLP, _get_moe_router_dtype
 from vllm.model_executor.models.utils import sequence_parallel_chunk
 
 from vllm_ascend_ext.layers.switch import contract_in_trace
@@ -55,14 +55,6 @@ class DsaMLP(DeepseekV2MLP):
         return out
 
 
-def _router_dtype(config) -> torch.dtype | None:
-    # as vLLM's DeepSeek block: fp32 routing where the config asks it (GLM-5's configs
-    # without the key ask it by their model type)
-    if getattr(config, "model_type", None) == "glm_moe_dsa":
-        return torch.float32
-    return torch.float32 if getattr(config, "moe_router_dtype", None) == "float32" else None
-
-
 class DsaMoE(nn.Module):
     """vLLM's DeepSeek MoE block (router gate, shared expert, routed experts) with the
     plugin's shared expert (module docstring)."""
@@ -73,18 +65,16 @@ class DsaMoE(nn.Module):
         if config.hidden_act != "silu":
             raise ValueError(f"{prefix}: hidden_act {config.hidden_act!r}; DeepSeek MoE "
                              "layers take 'silu'")
-        if config.n_shared_experts is None:
-            raise ValueError(f"{prefix}: n_shared_experts is not set; the DeepSeek-V3.2 "
-                             "block has shared experts")
         self.is_sequence_parallel = parallel_config.use_sequence_parallel_moe
         self.gate = GateLinear(config.hidden_size, config.n_routed_experts,
-                               out_dtype=_router_dtype(config), prefix=f"{prefix}.gate")
+                               out_dtype=_get_moe_router_dtype(config),
+                               prefix=f"{prefix}.gate")
         if getattr(config, "topk_method", None) == "noaux_tc":
             self.gate.e_score_correction_bias = nn.Parameter(
                 torch.empty(config.n_routed_experts, dtype=torch.float32))
         else:
             self.gate.e_score_correction_bias = None
-        self.shared_experts = DsaMLP(
+        self.shared_experts = None if not config.n_shared_experts else DsaMLP(
             layer_ops=layer_ops, hidden_size=config.hidden_size,
             intermediate_size=config.moe_intermediate_size * config.n_shared_experts,
             hidden_act=config.hidden_act, quant_config=quant_config,
