@@ -77,6 +77,13 @@ class EmulatedAscendPlatform(CpuPlatform):
         keep_large_blocks_in_heap()
 
     @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        # the NPU platform's communicator, on the CPU group's gloo backend
+        from vllm_ascend_ext.distributed.communicator import NAME
+
+        return NAME
+
+    @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         # vLLM's CPU substitutes, then the NPU platform's over them where it has its own:
         # emulation runs the kernels an Atlas host runs (worker/kernel_substitutes.py).

@@ -235,4 +235,7 @@ class AscendNPUPlatform(Platform):
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
-        return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
+        # the plugin's: variable-size collectives and the MoE token exchange on HCCL
+        from vllm_ascend_ext.distributed.communicator import NAME
+
+        return NAME

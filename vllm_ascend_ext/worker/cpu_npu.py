@@ -35,6 +35,9 @@ from vllm_ascend_ext.worker import cpu_npu_graph
 from vllm_ascend_ext.worker.cpu_npu_graph import CpuGraph, GraphCaptureError
 
 NAME = "cpu-npu-stand-in"
+# Devices the stand-in reports: an Atlas 800 A2 node's eight NPUs, so the ranks of one
+# emulated node (tensor / data parallel) each find "their" device; all of them are the CPU.
+STAND_IN_DEVICES = 8
 
 
 class Stream:
@@ -204,7 +207,7 @@ def make_runtime() -> types.ModuleType:
     rt.ExternalEvent = lambda: ExternalEvent(state)
 
     rt.Stream, rt.Event = Stream, Event
-    rt.device_count = lambda: 1
+    rt.device_count = lambda: STAND_IN_DEVICES
     rt.current_device = lambda: 0
     rt.set_device = lambda device: None
     rt.synchronize = lambda device=None: None

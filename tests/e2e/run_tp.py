@@ -1,0 +1,86 @@
+"""Run an embedded tiny model with tensor parallelism (multiprocess executor, one worker
+process per rank) and print one JSON line of results.
+
+    python tests/e2e/run_tp.py --tp N [--model qwen-moe] [--drop-all-reduce]
+
+Each rank reports its worker, model runner, device runtime and the device communicator
+class of its tensor- and expert-parallel groups (``collective_rpc``). Negative control:
+``--drop-all-reduce`` makes the plugin's communicator return its input from
+``all_reduce`` (each rank keeps only its own partial sums), which must change the result:
+vLLM imports this module in every worker process (``worker_extension_cls``), and the
+import applies it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# vLLM's CPU platform binds each local worker's threads to its own NUMA node; one node here
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+DROP = "RUN_TP_DROP_ALL_REDUCE"
+if os.environ.get(DROP) == "1":          # in the worker processes, imported by vLLM
+    from vllm_ascend_ext.distributed.communicator import AscendCommunicator
+
+    AscendCommunicator.all_reduce = lambda self, input_: input_
+
+
+class WorkerExtension:
+    """Nothing of its own: naming it makes vLLM import this module in each worker."""
+
+
+PROMPTS = ["the quick brown fox jumps over the lazy dog and then",
+           "numbers like 1 2 3 and then some more numbers"]
+
+
+def _facts(wrapper) -> dict:
+    from vllm.distributed.parallel_state import get_ep_group, get_tp_group
+
+    from vllm_ascend_ext.worker import npu_device
+
+    worker = getattr(wrapper, "worker", wrapper)      # vLLM's WorkerWrapperBase holds it
+    runtime = npu_device.current_runtime()
+    return {"worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
+            "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
+            "tp_rank": get_tp_group().rank_in_group,
+            "tp_communicator": type(get_tp_group().device_communicator).__name__,
+            "ep_communicator": type(get_ep_group().device_communicator).__name__}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--model", default="qwen-moe")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--drop-all-reduce", action="store_true")
+    args = ap.parse_args()
+    extra = {}
+    if args.drop_all_reduce:
+        os.environ[DROP] = "1"
+        extra["worker_extension_cls"] = "run_tp.WorkerExtension"
+    from vllm import LLM, SamplingParams
+
+    from vllm_ascend_ext.cli.plugin_commands import _tiny_paths
+
+    llm = LLM(model=_tiny_paths()[args.model](), dtype="float32", seed=0, max_model_len=512,
+              enforce_eager=True, tensor_parallel_size=args.tp, **extra)
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1,
+                        ignore_eos=True)
+    outs = llm.generate(PROMPTS, sp, use_tqdm=False)
+    ranks = llm.collective_rpc(_facts)
+    first = ranks[0]
+    print("RESULT " + json.dumps({
+        "engine": {k: first[k] for k in ("worker", "runner", "runtime")},
+        "ranks": ranks,
+        "tokens": [o.outputs[0].token_ids for o in outs],
+        "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+                     for o in outs]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The plugin's device communicator (distributed/communicator.py) over a real two-rank
+gloo group (the emulated platform's backend; HCCL runs the same calls on an NPU): every
+collective against the value computed here from the ranks' known inputs."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SIZES = [3, 1]             # uneven rows per rank (DP ranks with different batch sizes)
+
+
+def _rows(rank: int, n: int, width: int = 4) -> torch.Tensor:
+    return rank * 100 + torch.arange(n * width, dtype=torch.float32).reshape(n, width)
+
+
+def _full(rank: int) -> torch.Tensor:
+    return (rank + 1) * torch.arange(sum(SIZES) * 2 * 3, dtype=torch.float32).reshape(
+        sum(SIZES), 2, 3)
+
+
+def _worker(rank: int, port: int, queue) -> None:
+    from vllm_ascend_ext.distributed.communicator import AscendCommunicator
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    group = dist.group.WORLD
+    comm = AscendCommunicator(group, torch.device("cpu"), group, unique_name="tp:0")
+    out = {}
+    mine = _rows(rank, SIZES[rank])
+    out["gatherv"] = comm.all_gatherv(mine, dim=0, sizes=SIZES)
+    out["gatherv_list"] = comm.all_gatherv([mine, mine[:, :1].long()], dim=0, sizes=SIZES)
+    out["gatherv_dim1"] = comm.all_gatherv(mine.t().contiguous(), dim=1, sizes=SIZES)
+    out["scatterv"] = comm.reduce_scatterv(_full(rank), dim=0, sizes=SIZES)
+    out["scatterv_dim1"] = comm.reduce_scatterv(_full(rank).movedim(0, 1), dim=1, sizes=SIZES)
+    out["scatter"] = comm.reduce_scatter(_full(rank)[:2], dim=0)
+    out["all_reduce"] = comm.all_reduce(torch.full((2,), float(rank + 1)))
+    out["all_gather"] = comm.all_gather(_rows(rank, 2), dim=-1)
+    try:
+        comm.all_gatherv(mine, dim=0, sizes=[2, 2])      # wrong on both ranks
+    except ValueError as e:
+        out["wrong_sizes"] = str(e)
+    try:
+        comm.combine(mine)
+    except RuntimeError as e:
+        out["no_manager"] = str(e)
+    queue.put((rank, out))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return got
+
+
+@pytest.mark.xdist_group("communicator")
+def test_variable_size_gathers_concatenate_every_ranks_rows(results):
+    expected = torch.cat([_rows(0, SIZES[0]), _rows(1, SIZES[1])])
+    for rank in (0, 1):
+        r = results[rank]
+        assert torch.equal(r["gatherv"], expected)
+        assert torch.equal(r["gatherv_list"][0], expected)
+        assert torch.equal(r["gatherv_list"][1], expected[:, :1].long())
+        assert torch.equal(r["gatherv_dim1"], expected.t())
+        assert "differ from sizes" in r["wrong_sizes"]
+
+
+@pytest.mark.xdist_group("communicator")
+def test_variable_size_reduce_scatter_keeps_each_ranks_slice_of_the_sum(results):
+    total = _full(0) + _full(1)
+    begin = [0, SIZES[0]]
+    for rank in (0, 1):
+        r = results[rank]
+        mine = total[begin[rank]:begin[rank] + SIZES[rank]]
+        assert torch.equal(r["scatterv"], mine)
+        assert torch.equal(r["scatterv_dim1"], mine.movedim(0, 1))
+        assert torch.equal(r["scatter"], total[:2][rank:rank + 1])
+        assert torch.equal(r["all_reduce"], torch.full((2,), 3.0))
+        assert torch.equal(r["all_gather"], torch.cat([_rows(0, 2), _rows(1, 2)], dim=-1))
+        # a group vLLM did not ask to exchange MoE tokens refuses instead of a no-op
+        assert "MoE token exchange" in r["no_manager"]

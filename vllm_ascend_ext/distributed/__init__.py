@@ -1,0 +1,1 @@
+"""Distributed pieces of the plugin: the platforms' device communicator."""

@@ -1,0 +1,131 @@
+"""The device communicator of both ascend_ext platforms (``AscendCommunicator``).
+
+vLLM's ``GroupCoordinator`` hands every collective of a process group (tensor, pipeline,
+data, expert parallel) to the platform's device communicator. vLLM's base class covers
+all-reduce, all-gather, reduce-scatter, gather, broadcast and send/recv over the group's
+``torch.distributed`` backend, but leaves out the variable-size collectives
+(``all_gatherv`` / ``reduce_scatterv``) and the MoE token exchange (its
+``dispatch_router_logits`` / ``combine`` are no-ops), so data parallelism with a MoE
+model would be wrong on it. This class adds them:
+
+- ``all_gatherv`` / ``reduce_scatterv``: every rank's slice padded to the largest, one
+  ``all_gather_into_tensor`` / ``reduce_scatter_tensor``, the padding dropped. The sizes
+  are host integers vLLM already holds (its DP metadata), so nothing is read back from
+  the device, and the same code runs on HCCL (torch_npu's process group on an NPU) and on
+  gloo (the emulated platform): neither takes uneven all-gathers natively.
+- the MoE exchange for data parallelism: vLLM's all-gather / reduce-scatter manager
+  (``AgRsAll2AllManager``: every DP rank gathers all ranks' tokens and router logits,
+  computes its share of the experts, and the partial sums are reduce-scattered back),
+  created for the groups vLLM asks it for (``use_all2all``: the EP group when DP > 1 or
+  sequence-parallel MoE).
+
+The collectives are torch.distributed calls on the group vLLM built with the platform's
+``dist_backend`` ("hccl" on the NPU platform, gloo on the emulated one): one class, one
+code path. What awaits hardware: HCCL's behaviour under these calls (they are the ones
+vLLM's CUDA path makes through NCCL) and graph capture of them (``docs/distributed.md``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from vllm.distributed.device_communicators.base_device_communicator import (
+    DeviceCommunicatorBase,
+)
+
+NAME = "vllm_ascend_ext.distributed.communicator.AscendCommunicator"
+
+
+def _check_sizes(sizes: list[int] | None, world_size: int, what: str) -> list[int]:
+    if sizes is None or len(sizes) != world_size or any(s < 0 for s in sizes):
+        raise ValueError(f"{what}: sizes {sizes} must give one non-negative size per rank "
+                         f"({world_size} ranks)")
+    return [int(s) for s in sizes]
+
+
+class AscendCommunicator(DeviceCommunicatorBase):
+    def __init__(self, cpu_group, device: torch.device | None = None, device_group=None,
+                 unique_name: str = "", use_all2all: bool = False, **kwargs) -> None:
+        super().__init__(cpu_group, device, device_group, unique_name,
+                         use_all2all=use_all2all, **kwargs)
+        if self.use_all2all:
+            from vllm.distributed.device_communicators.all2all import AgRsAll2AllManager
+
+            self.all2all_manager = AgRsAll2AllManager(self.cpu_group)
+
+    # -- variable-size collectives ------------------------------------------------------
+    def all_gatherv(self, input_: torch.Tensor | list[torch.Tensor], dim: int = 0,
+                    sizes: list[int] | None = None) -> torch.Tensor | list[torch.Tensor]:
+        """Concatenate every rank's ``input_`` along ``dim`` (rank ``r`` contributes
+        ``sizes[r]`` rows); a list of tensors is gathered tensor by tensor."""
+        if isinstance(input_, (list, tuple)):
+            return [self._all_gatherv_one(t, dim, sizes) for t in input_]
+        return self._all_gatherv_one(input_, dim, sizes)
+
+    def _all_gatherv_one(self, t: torch.Tensor, dim: int, sizes: list[int] | None):
+        if self.world_size == 1:
+            return t
+        sizes = _check_sizes(sizes, self.world_size, "all_gatherv")
+        dim = dim % t.dim()
+        if t.shape[dim] != sizes[self.rank_in_group]:
+            raise ValueError(f"all_gatherv: this rank's {t.shape[dim]} rows along dim {dim} "
+                             f"differ from sizes[{self.rank_in_group}] = "
+                             f"{sizes[self.rank_in_group]}")
+        rows = t.movedim(dim, 0)
+        top = max(sizes)
+        padded = rows.new_zeros((top, *rows.shape[1:]))
+        padded[:rows.shape[0]] = rows
+        out = rows.new_empty((self.world_size * top, *rows.shape[1:]))
+        dist.all_gather_into_tensor(out, padded, group=self.device_group)
+        parts = [out[r * top:r * top + n] for r, n in enumerate(sizes)]
+        return torch.cat(parts).movedim(0, dim).contiguous()
+
+    def reduce_scatterv(self, input_: torch.Tensor, dim: int = -1,
+                        sizes: list[int] | None = None) -> torch.Tensor:
+        """Sum ``input_`` over the ranks and keep this rank's slice along ``dim`` (rank
+        ``r`` keeps ``sizes[r]`` rows; ``input_`` holds ``sum(sizes)``)."""
+        if self.world_size == 1:
+            return input_
+        if sizes is None:
+            return self.reduce_scatter(input_, dim)
+        sizes = _check_sizes(sizes, self.world_size, "reduce_scatterv")
+        dim = dim % input_.dim()
+        if input_.shape[dim] != sum(sizes):
+            raise ValueError(f"reduce_scatterv: {input_.shape[dim]} rows along dim {dim}, "
+                             f"sizes sum to {sum(sizes)}")
+        rows = input_.movedim(dim, 0)
+        top = max(sizes)
+        padded = rows.new_zeros((self.world_size * top, *rows.shape[1:]))
+        begin = 0
+        for r, n in enumerate(sizes):
+            padded[r * top:r * top + n] = rows[begin:begin + n]
+            begin += n
+        out = rows.new_empty((top, *rows.shape[1:]))
+        dist.reduce_scatter_tensor(out, padded, group=self.device_group)
+        return out[:sizes[self.rank_in_group]].movedim(0, dim).contiguous()
+
+    # -- MoE token exchange (data parallelism) --------------------------------------------
+    def _manager(self):
+        if self.all2all_manager is None:
+            raise RuntimeError(f"{self.unique_name}: the MoE token exchange is set up for "
+                               "the expert-parallel group when vLLM asks for it "
+                               "(data parallelism or sequence-parallel MoE)")
+        return self.all2all_manager
+
+    def dispatch_router_logits(self, hidden_states, router_logits,
+                               is_sequence_parallel: bool = False, extra_tensors=None):
+        return self._manager().dispatch_router_logits(hidden_states, router_logits,
+                                                      is_sequence_parallel, extra_tensors)
+
+    def dispatch(self, hidden_states, topk_weights, topk_ids, is_sequence_parallel: bool = False,
+                 extra_tensors=None):
+        return self._manager().dispatch(hidden_states, topk_weights, topk_ids,
+                                        is_sequence_parallel, extra_tensors=extra_tensors)
+
+    def combine(self, hidden_states, is_sequence_parallel: bool = False):
+        return self._manager().combine(hidden_states, is_sequence_parallel)
+
+    def destroy(self) -> None:
+        if self.all2all_manager is not None:
+            self.all2all_manager.destroy()
+            self.all2all_manager = None
