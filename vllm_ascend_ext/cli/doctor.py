@@ -108,6 +108,15 @@ def _npu_platform() -> dict:
             "validated": "not on an NPU yet (graph-task update tested against a stand-in)",
         },
         "distributed_backend": AscendNPUPlatform.dist_backend,
+        "communicator": {
+            "class": AscendNPUPlatform.get_device_communicator_cls(),
+            "collectives": "vLLM's base ones plus all_gatherv / reduce_scatterv and the MoE "
+                           "token exchange for DP (all-gather / reduce-scatter)",
+            "verified": "over gloo in emulation (two-rank group; TP2 == TP1 end to end); "
+                        "HCCL awaits hardware",
+            "tensor_parallel": "accepted; decode graphs off for TP x PP > 1",
+            "data_parallel": "dense models; MoE models refused (DP engines unverified)",
+        },
         "block_size": {"fia": 128, "sfa": DEFAULT_BLOCK_SIZE},
         "fia_backend": AscendFIABackend.get_name(),
         "moe": {
@@ -115,7 +124,7 @@ def _npu_platform() -> dict:
             "w8a8_method": f"{AscendW8A8FusedMoEMethod.__module__}."
                            f"{AscendW8A8FusedMoEMethod.__qualname__}",
             "replaces": "vLLM's UnquantizedFusedMoEMethod while the platform is active",
-            "expert_parallel": "refused (no all-to-all communicator yet)",
+            "expert_parallel": "refused (no expert-parallel token dispatcher yet)",
         },
         "gdn": _gdn_ops(),
     }

@@ -22,7 +22,7 @@ model would be wrong on it. This class adds them:
 The collectives are torch.distributed calls on the group vLLM built with the platform's
 ``dist_backend`` ("hccl" on the NPU platform, gloo on the emulated one): one class, one
 code path. What awaits hardware: HCCL's behaviour under these calls (they are the ones
-vLLM's CUDA path makes through NCCL) and graph capture of them (``docs/distributed.md``).
+vLLM's CUDA path makes through NCCL) and graph capture of them (docs/distributed.md).
 """
 
 from __future__ import annotations
