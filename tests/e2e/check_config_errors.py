@@ -49,8 +49,8 @@ def main() -> None:
         results.append({"ok": False, "type": type(exc).__name__, "message": str(exc)})
     # An attention the backend cannot serve: refused by the preflight, still no engine.
     results.append(attempt(kv_cache_dtype="fp8"))
-    # Data parallelism: refused for a MoE model (DP engines unverified on the NPU worker), kept
-    # for a dense one.
+    # Data parallelism passes the checks for a MoE model (the communicator exchanges its
+    # tokens: tests/e2e/test_distributed.py) and for a dense one.
     results.append(attempt(model=tiny_qwen_moe_path(), data_parallel_size=2))
     results.append(attempt(data_parallel_size=2))
     # The SoC to emulate is read when the config is checked.

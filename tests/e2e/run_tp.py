@@ -3,6 +3,8 @@ process per rank) and print one JSON line of results.
 
     python tests/e2e/run_tp.py --tp N [--model qwen-moe] [--drop-all-reduce]
 
+The prompts and lengths are run_dp.py's: ``run_dp.py --dp 1`` is the reference of both.
+
 Each rank reports its worker, model runner, device runtime and the device communicator
 class of its tensor- and expert-parallel groups (``collective_rpc``). Negative control:
 ``--drop-all-reduce`` makes the plugin's communicator return its input from
@@ -34,8 +36,7 @@ class WorkerExtension:
     """Nothing of its own: naming it makes vLLM import this module in each worker."""
 
 
-PROMPTS = ["the quick brown fox jumps over the lazy dog and then",
-           "numbers like 1 2 3 and then some more numbers"]
+from run_dp import MAX_TOKENS, PROMPTS  # noqa: E402  (the DP runs' prompts: one reference)
 
 
 def _facts(wrapper) -> dict:
@@ -56,7 +57,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--model", default="qwen-moe")
-    ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--drop-all-reduce", action="store_true")
     args = ap.parse_args()
     extra = {}
@@ -69,9 +69,9 @@ def main() -> None:
 
     llm = LLM(model=_tiny_paths()[args.model](), dtype="float32", seed=0, max_model_len=512,
               enforce_eager=True, tensor_parallel_size=args.tp, **extra)
-    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1,
-                        ignore_eos=True)
-    outs = llm.generate(PROMPTS, sp, use_tqdm=False)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, logprobs=1, ignore_eos=True)
+              for n in MAX_TOKENS]
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
     ranks = llm.collective_rpc(_facts)
     first = ranks[0]
     print("RESULT " + json.dumps({

@@ -4,8 +4,6 @@ collective against the value computed here from the ranks' known inputs."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,11 +21,10 @@ def _full(rank: int) -> torch.Tensor:
         sum(SIZES), 2, 3)
 
 
-def _worker(rank: int, port: int, queue) -> None:
+def _worker(rank: int, store: str, queue) -> None:
     from vllm_ascend_ext.distributed.communicator import AscendCommunicator
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     group = dist.group.WORLD
     comm = AscendCommunicator(group, torch.device("cpu"), group, unique_name="tp:0")
     out = {}
@@ -53,13 +50,11 @@ def _worker(rank: int, port: int, queue) -> None:
 
 
 @pytest.fixture(scope="module")
-def results():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def results(tmp_path_factory):
+    store = str(tmp_path_factory.mktemp("gloo") / "store")   # a file rendezvous: no port race
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, store, queue)) for r in range(2)]
     for p in procs:
         p.start()
     got = dict(queue.get(timeout=120) for _ in procs)

@@ -220,18 +220,3 @@ def test_w8a8_experts_match_a_per_token_loop_with_per_row_quantisation():
                     for c in range(hidden)]
             acc = [a + weights[t, k].item() * d for a, d in zip(acc, down)]
         assert out[t].tolist() == pytest.approx(acc, rel=1e-4, abs=1e-5)
-
-
-def test_data_parallel_is_refused_for_moe_models_only():
-    from vllm_ascend_ext.platform.config_hooks import refuse_data_parallel_moe
-
-    def config(dp: int, experts: int):
-        model = SimpleNamespace(is_moe=experts > 0, get_num_experts=lambda: experts)
-        return SimpleNamespace(model_config=model,
-                               parallel_config=SimpleNamespace(data_parallel_size=dp))
-
-    refuse_data_parallel_moe(config(1, 64))      # one replica: nothing to combine
-    refuse_data_parallel_moe(config(4, 0))       # dense replicas share no layer
-    with pytest.raises(AscendExtError, match=r"--data-parallel-size 2 with a MoE model \(64 "
-                                             r"experts\).*--data-parallel-size 1"):
-        refuse_data_parallel_moe(config(2, 64))

@@ -144,18 +144,20 @@ def test_worker_refuses_sleep_and_cuda_profilers(routed):
         worker.profile(True)
 
 
-@pytest.mark.parametrize("backend,dp_local,dp_index,nnodes,local,expected", [
-    ("mp", 0, 0, 1, 1, 1),          # single replica: unchanged
-    ("mp", 1, 1, 1, 1, 1 + 4),      # second replica: after the first's 4 devices
-    ("mp", None, 2, 1, 0, 8),       # no local rank: the DP index
-    ("ray", 1, 1, 1, 1, 1),         # Ray places workers itself
-    ("mp", 1, 1, 2, 1, 1),          # multi-node DP: local ranks already per node
+@pytest.mark.parametrize("backend,dp_local,dp_index,nnodes,local,shard,expected", [
+    ("mp", 0, 0, 1, 1, None, 1),          # single replica: unchanged
+    ("mp", 1, 1, 1, 1, None, 1 + 4),      # second replica: after the first's 4 devices
+    ("mp", None, 2, 1, 0, None, 8),       # no local rank: the DP index
+    ("ray", 1, 1, 1, 1, None, 1),         # Ray places workers itself
+    ("mp", 1, 1, 2, 1, None, 1),          # multi-node DP: local ranks already per node
+    ("mp", 1, 1, 1, 1, [4, 5, 6, 7], 1),  # vLLM gave the replica its shard: index in it
 ])
 def test_data_parallel_replicas_take_their_own_devices(backend, dp_local, dp_index, nnodes,
-                                                       local, expected):
+                                                       local, shard, expected):
     parallel = SimpleNamespace(
         distributed_executor_backend=backend, data_parallel_backend="mp",
         nnodes_within_dp=nnodes, data_parallel_rank_local=dp_local,
         data_parallel_index=dp_index, pipeline_parallel_size=1,
-        prefill_context_parallel_size=1, tensor_parallel_size=4)
+        prefill_context_parallel_size=1, tensor_parallel_size=4,
+        assigned_physical_gpu_ids=shard)
     assert dp_adjusted_local_rank(parallel, local) == expected

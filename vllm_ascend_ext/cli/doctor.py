@@ -112,10 +112,11 @@ def _npu_platform() -> dict:
             "class": AscendNPUPlatform.get_device_communicator_cls(),
             "collectives": "vLLM's base ones plus all_gatherv / reduce_scatterv and the MoE "
                            "token exchange for DP (all-gather / reduce-scatter)",
-            "verified": "over gloo in emulation (two-rank group; TP2 == TP1 end to end); "
-                        "HCCL awaits hardware",
+            "verified": "over gloo in emulation (two-rank group; TP2 and DP2 == one engine "
+                        "end to end); HCCL awaits hardware",
             "tensor_parallel": "accepted; decode graphs off for TP x PP > 1",
-            "data_parallel": "dense models; MoE models refused (DP engines unverified)",
+            "data_parallel": "accepted, MoE experts split over DP x TP (all-gather / "
+                             "reduce-scatter exchange); expert parallelism refused",
         },
         "block_size": {"fia": 128, "sfa": DEFAULT_BLOCK_SIZE},
         "fia_backend": AscendFIABackend.get_name(),

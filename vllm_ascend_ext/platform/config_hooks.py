@@ -57,30 +57,6 @@ def refuse_expert_parallel(vllm_config) -> None:
             "ascend_ext MoE method does not support yet")
 
 
-def refuse_data_parallel_moe(vllm_config) -> None:
-    """MoE models with ``--data-parallel-size > 1``, refused before the engine starts.
-
-    vLLM then splits each MoE layer's experts over the DP x TP ranks and relies on the
-    platform's device communicator to dispatch tokens to them and combine the partial
-    sums. The plugin's communicator has that exchange (``distributed/communicator.py``:
-    all-gather / reduce-scatter, tested over a real process group), but data-parallel
-    engines on the plugin's NPU worker have not run yet: in emulation a second DP engine
-    fails while choosing its device (vLLM gives it its own device slice, which the
-    worker's DP offset then overruns). Until a DP2 run matches DP1 the combination is
-    refused, on the emulated platform too, so that emulation never serves what an NPU
-    cannot. Dense models keep data parallelism (replicas share no layer)."""
-    model, parallel = vllm_config.model_config, vllm_config.parallel_config
-    size = getattr(parallel, "data_parallel_size", 1) or 1
-    if size > 1 and model is not None and model.is_moe:
-        raise AscendExtError(
-            f"--data-parallel-size {size} with a MoE model ({model.get_num_experts()} experts): "
-            "data-parallel MoE engines have not been verified on the ascend_ext NPU worker "
-            "yet (the MoE token exchange exists, the DP engines' device assignment does "
-            "not run); serve with "
-            "--data-parallel-size 1 (tensor parallelism splits the experts instead), or one "
-            "server per replica")
-
-
 def refuse_sfa_block_size(cache_config) -> None:
     """A block size the user chose for an SFA model: a multiple of 16, as the indexer and
     sparse-attention kernels take it. Read before any platform set-up (vLLM's CPU platform

@@ -82,7 +82,6 @@ def run(vllm_config, side: Side, *, on_step: Callable[[str], None] | None = None
     step("parse: quantization description", hooks.apply_quant_description, vllm_config)
 
     step("refuse: expert parallelism", hooks.refuse_expert_parallel, vllm_config)
-    step("refuse: data parallelism with MoE", hooks.refuse_data_parallel_moe, vllm_config)
     step("platform: refuse", side.refuse, start)
     if facts.sparse_mla:
         step("refuse: SFA block size", hooks.refuse_sfa_block_size, cache)

@@ -49,7 +49,11 @@ CUDA_ONLY_PROFILERS = ("cuda", "proton")
 def dp_adjusted_local_rank(parallel_config, local_rank: int) -> int:
     """The device index a worker takes, as vLLM's GPU worker computes it: with several
     data-parallel replicas on one node (mp executor), replica ``r`` takes the devices
-    after ``r * (TP * PCP * PP)``."""
+    after ``r * (TP * PCP * PP)``. Unless vLLM already gave the replica its own device
+    shard (``assigned_physical_gpu_ids``: vLLM 0.32 does for every DP engine on a
+    non-CUDA platform, and for Ray), where the local rank indexes that shard."""
+    if getattr(parallel_config, "assigned_physical_gpu_ids", None) is not None:
+        return local_rank
     if (parallel_config.distributed_executor_backend in ("ray", "external_launcher")
             or parallel_config.data_parallel_backend == "ray"
             or parallel_config.nnodes_within_dp != 1):
@@ -81,6 +85,11 @@ class AscendNPUWorker(Worker):
     def init_device(self) -> None:
         self.device_module = dev = self.device_module_factory()
         self.local_rank = dp_adjusted_local_rank(self.parallel_config, self.local_rank)
+        assigned = getattr(self.parallel_config, "assigned_physical_gpu_ids", None)
+        if assigned is not None:    # the replica's shard, for the logical -> visible mapping
+            from vllm.platforms.interface import set_assigned_physical_gpu_ids
+
+            set_assigned_physical_gpu_ids(assigned)
         count = dev.device_count()
         if self.local_rank >= count:
             raise AscendExtError(

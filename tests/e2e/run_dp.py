@@ -1,0 +1,129 @@
+"""Run an embedded tiny model with data parallelism, one process per DP rank the way
+vLLM documents offline data parallelism (``VLLM_DP_RANK`` ... in each process, one
+engine each, meeting in the MoE layers), and print one JSON line of results.
+
+    python tests/e2e/run_dp.py --dp N [--model qwen-moe] [--dtype float32]
+                               [--drop-combine-sum]
+
+The prompts are split unevenly (rank 0 takes most of them, and rank 1's finish early), so
+the idle rank runs vLLM's dummy batches while the other still decodes. ``--dp 1`` runs
+every prompt in one engine (the reference). Negative control: ``--drop-combine-sum``
+makes the plugin's communicator keep each rank's own slice in ``reduce_scatterv``
+without summing the other ranks' partial expert outputs; vLLM imports this module in
+each worker (``worker_extension_cls``), and the import applies it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import socket
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+DROP = "RUN_DP_DROP_COMBINE_SUM"
+if os.environ.get(DROP) == "1":          # in the worker processes, imported by vLLM
+    from vllm_ascend_ext.distributed.communicator import AscendCommunicator
+
+    def _own_slice_only(self, input_, dim=-1, sizes=None):
+        begin = sum(sizes[:self.rank_in_group])
+        return input_.narrow(dim, begin, sizes[self.rank_in_group]).contiguous()
+
+    AscendCommunicator.reduce_scatterv = _own_slice_only
+
+
+class WorkerExtension:
+    """Nothing of its own: naming it makes vLLM import this module in each worker."""
+
+
+PROMPTS = ["the quick brown fox jumps over the lazy dog and then",
+           "numbers like 1 2 3 and then some more numbers",
+           "a decode step reads every cached token of its request",
+           "hello world this is a test of data parallel serving"]
+MAX_TOKENS = [8, 8, 8, 3]          # the last prompt (rank 1's own) finishes early
+
+
+def _shares(dp: int) -> list[list[int]]:
+    if dp == 1:
+        return [list(range(len(PROMPTS)))]
+    return [[0, 1, 2], [3]] if dp == 2 else [list(range(r, len(PROMPTS), dp))
+                                             for r in range(dp)]
+
+
+def _rank(rank: int, dp: int, port: int, args: dict, queue) -> None:
+    if dp > 1:
+        os.environ.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL=str(rank),
+                          VLLM_DP_SIZE=str(dp), VLLM_DP_MASTER_IP="127.0.0.1",
+                          VLLM_DP_MASTER_PORT=str(port))
+    extra = {}
+    if args["drop_combine_sum"]:
+        os.environ[DROP] = "1"
+        extra["worker_extension_cls"] = "run_dp.WorkerExtension"
+    from vllm import LLM, SamplingParams
+
+    from vllm_ascend_ext.cli.plugin_commands import _tiny_paths
+
+    llm = LLM(model=_tiny_paths()[args["model"]](), dtype=args["dtype"], seed=0,
+              max_model_len=512, enforce_eager=True, **extra)
+    mine = _shares(dp)[rank]
+    params = [SamplingParams(max_tokens=MAX_TOKENS[i], temperature=0.0, logprobs=1,
+                             ignore_eos=True) for i in mine]
+    outs = llm.generate([PROMPTS[i] for i in mine], params, use_tqdm=False)
+    engine = llm.collective_rpc(_facts)[0]
+    queue.put((rank, engine, {i: [o.outputs[0].token_ids,
+                                  [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids,
+                                                                   o.outputs[0].logprobs)]]
+                              for i, o in zip(mine, outs)}))
+
+
+def _facts(wrapper) -> dict:
+    from vllm.distributed.parallel_state import get_dp_group, get_ep_group
+
+    from vllm_ascend_ext.worker import npu_device
+
+    worker = getattr(wrapper, "worker", wrapper)
+    runtime = npu_device.current_runtime()
+    return {"worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
+            "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
+            "dp_rank": get_dp_group().rank_in_group,
+            "ep_communicator": type(get_ep_group().device_communicator).__name__}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dp", type=int, default=2)
+    ap.add_argument("--model", default="qwen-moe")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--drop-combine-sum", action="store_true")
+    args = vars(ap.parse_args())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, args["dp"], port, args, queue))
+             for r in range(args["dp"])]
+    for p in procs:
+        p.start()
+    got = [queue.get(timeout=540) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        if p.exitcode is None:
+            p.kill()
+    ranks = sorted(got, key=lambda g: g[0])
+    outputs = {i: v for _, _, part in ranks for i, v in part.items()}
+    order = sorted(outputs, key=int)
+    print("RESULT " + json.dumps({
+        "engine": {k: ranks[0][1][k] for k in ("worker", "runner", "runtime")},
+        "ranks": [engine for _, engine, _ in ranks],
+        "tokens": [outputs[i][0] for i in order],
+        "logprobs": [outputs[i][1] for i in order]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
