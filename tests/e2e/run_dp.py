@@ -24,6 +24,7 @@ import socket
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# vLLM's CPU platform binds each local worker's threads to its own NUMA node; one node here
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 DROP = "RUN_DP_DROP_COMBINE_SUM"
@@ -82,7 +83,9 @@ def _rank(rank: int, dp: int, port: int, args: dict, queue) -> None:
 
 
 def _facts(wrapper) -> dict:
-    from vllm.distributed.parallel_state import get_dp_group, get_ep_group
+    """One rank's worker, runner, device runtime, ranks and group communicators (run
+    through ``collective_rpc``; run_tp.py reports the same)."""
+    from vllm.distributed.parallel_state import get_dp_group, get_ep_group, get_tp_group
 
     from vllm_ascend_ext.worker import npu_device
 
@@ -90,7 +93,8 @@ def _facts(wrapper) -> dict:
     runtime = npu_device.current_runtime()
     return {"worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
             "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
-            "dp_rank": get_dp_group().rank_in_group,
+            "dp_rank": get_dp_group().rank_in_group, "tp_rank": get_tp_group().rank_in_group,
+            "tp_communicator": type(get_tp_group().device_communicator).__name__,
             "ep_communicator": type(get_ep_group().device_communicator).__name__}
 
 

@@ -19,11 +19,8 @@ import argparse
 import json
 import os
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# vLLM's CPU platform binds each local worker's threads to its own NUMA node; one node here
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+# run_dp's prompts and environment (its import sets it): one reference run for both
+from run_dp import MAX_TOKENS, PROMPTS, _facts
 
 DROP = "RUN_TP_DROP_ALL_REDUCE"
 if os.environ.get(DROP) == "1":          # in the worker processes, imported by vLLM
@@ -34,23 +31,6 @@ if os.environ.get(DROP) == "1":          # in the worker processes, imported by 
 
 class WorkerExtension:
     """Nothing of its own: naming it makes vLLM import this module in each worker."""
-
-
-from run_dp import MAX_TOKENS, PROMPTS  # noqa: E402  (the DP runs' prompts: one reference)
-
-
-def _facts(wrapper) -> dict:
-    from vllm.distributed.parallel_state import get_ep_group, get_tp_group
-
-    from vllm_ascend_ext.worker import npu_device
-
-    worker = getattr(wrapper, "worker", wrapper)      # vLLM's WorkerWrapperBase holds it
-    runtime = npu_device.current_runtime()
-    return {"worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
-            "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
-            "tp_rank": get_tp_group().rank_in_group,
-            "tp_communicator": type(get_tp_group().device_communicator).__name__,
-            "ep_communicator": type(get_ep_group().device_communicator).__name__}
 
 
 def main() -> None:
