@@ -45,8 +45,26 @@ def _worker(rank: int, store: str, queue) -> None:
         comm.combine(mine)
     except RuntimeError as e:
         out["no_manager"] = str(e)
-    queue.put((rank, out))
+    # plain lists: a tensor on the queue travels as a shared-memory handle that dies with
+    # this process, which may exit before the parent has read it
+    queue.put((rank, {k: _plain(v) for k, v in out.items()}))
     dist.destroy_process_group()
+
+
+def _plain(value):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.tolist(), str(value.dtype).removeprefix("torch."))
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _tensors(value):
+    if isinstance(value, tuple) and value and value[0] == "tensor":
+        return torch.tensor(value[1], dtype=getattr(torch, value[2]))
+    if isinstance(value, list):
+        return [_tensors(v) for v in value]
+    return value
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +75,8 @@ def results(tmp_path_factory):
     procs = [ctx.Process(target=_worker, args=(r, store, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    got = dict(queue.get(timeout=120) for _ in procs)
+    got = {rank: {k: _tensors(v) for k, v in out.items()}
+           for rank, out in (queue.get(timeout=120) for _ in procs)}
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
