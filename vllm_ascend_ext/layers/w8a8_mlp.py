@@ -42,14 +42,6 @@ def w8a8_mlp_route(family: str | None, layer_ops: str) -> tuple[str, str]:
     return FUSED, "npu_quant_matmul (int32) -> npu_dequant_swiglu_quant -> npu_quant_matmul"
 
 
-def current_family() -> str | None:
-    """The SoC family the current platform serves (None off the Ascend platforms)."""
-    from vllm.platforms import current_platform
-
-    soc = getattr(current_platform, "soc", None)
-    return soc().family if soc is not None else None
-
-
 def fusable_w8a8_mlp(mlp) -> bool:
     """Whether ``mlp`` (built) is the shape this path computes: W8A8 ``gate_up_proj`` and
     ``down_proj`` without bias, a SiLU-and-mul activation, no gathered output, a

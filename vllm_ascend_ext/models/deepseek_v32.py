@@ -52,6 +52,7 @@ from vllm_ascend_ext.attention.sfa.weights import PROLOG_SOURCES
 from vllm_ascend_ext.config import get_config
 from vllm_ascend_ext.layers.norm_quant import mlp_after_norm, takes_fused_norm_quant
 from vllm_ascend_ext.models.dsa_mlp import DsaMLP, DsaMoE
+from vllm_ascend_ext.platform.soc import current_family
 from vllm_ascend_ext.quantization.w8a8_dynamic import is_w8a8
 
 logger = init_logger("vllm.ascend_ext")
@@ -59,15 +60,13 @@ logger = init_logger("vllm.ascend_ext")
 
 def layer_facts(vllm_config: VllmConfig, attn: nn.Module) -> sfa_route.LayerFacts:
     """The plain values the route decision needs, read from the config and the layer."""
-    from vllm.platforms import current_platform
-
     kinds = {"w8a8_dynamic" if is_w8a8(getattr(attn, n)) else "float"
              for n in PROLOG_SOURCES}
     quant = kinds.pop() if len(kinds) == 1 else "mixed"
     ktc = vllm_config.kv_transfer_config
     role = (ktc.kv_role if ktc is not None and ktc.kv_role else "none")
     cache_dtype = str(vllm_config.cache_config.cache_dtype)
-    soc = current_platform.soc().family if hasattr(current_platform, "soc") else "A3"
+    soc = current_family() or "A3"
     return sfa_route.LayerFacts(
         quant=quant, kv_role=role,
         prefill_cp=vllm_config.parallel_config.prefill_context_parallel_size > 1,

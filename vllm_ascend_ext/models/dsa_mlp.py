@@ -22,12 +22,9 @@ from vllm.model_executor.models.deepseek_v2 import DeepseekV2MLP, _get_moe_route
 from vllm.model_executor.models.utils import sequence_parallel_chunk
 
 from vllm_ascend_ext.layers.switch import contract_in_trace
-from vllm_ascend_ext.layers.w8a8_mlp import (
-    current_family,
-    takes_fused_w8a8_mlp,
-    w8a8_mlp,
-    w8a8_mlp_prequantized,
-)
+from vllm_ascend_ext.layers.w8a8_mlp import takes_fused_w8a8_mlp, w8a8_mlp, w8a8_mlp_prequantized
+from vllm_ascend_ext.platform.soc import current_family
+from vllm_ascend_ext.quantization.w8a8_dynamic import apply_prequantized
 
 
 class DsaMLP(DeepseekV2MLP):
@@ -48,8 +45,6 @@ class DsaMLP(DeepseekV2MLP):
         by the post-attention norm's fused quantization (``layers/norm_quant.py``)."""
         if self.fused_activation:
             return w8a8_mlp_prequantized(self, xq, sx, out_dtype)
-        from vllm_ascend_ext.quantization.w8a8_dynamic import apply_prequantized
-
         gate_up = apply_prequantized(self.gate_up_proj, xq, sx, out_dtype)
         out, _ = self.down_proj(self.act_fn(gate_up))
         return out

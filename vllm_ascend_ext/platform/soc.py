@@ -127,3 +127,12 @@ def from_version(version: int) -> Soc:
 # Ascend 950 (A5), measured by vllm-ascend PR 11948 and sglang PR 34387. The one place
 # this list lives; A2/A3 are unmeasured, so "auto" keeps them on one call.
 SPLIT_PAYS_FAMILIES = ("A5",)
+
+
+def current_family() -> str | None:
+    """The SoC family the current vLLM platform serves (``"A2"`` ...), None off the
+    ascend_ext platforms (callers choose their default there)."""
+    from vllm.platforms import current_platform
+
+    soc = getattr(current_platform, "soc", None)
+    return soc().family if soc is not None else None

@@ -32,13 +32,13 @@ def current_quantized_weight_format() -> int:
     """The format for the SoC the current platform serves and the plugin's config (ND
     off the Ascend platforms)."""
     from vllm.config import get_current_vllm_config_or_none
-    from vllm.platforms import current_platform
 
     from vllm_ascend_ext.config import get_config
+    from vllm_ascend_ext.platform.soc import current_family
 
-    soc = getattr(current_platform, "soc", None)
-    if soc is None:
+    family = current_family()
+    if family is None:
         return ACL_FORMAT_ND
     vllm_config = get_current_vllm_config_or_none()
     setting = get_config(vllm_config).weight_nz if vllm_config is not None else "auto"
-    return quantized_weight_format(soc().family, setting)
+    return quantized_weight_format(family, setting)

@@ -32,10 +32,9 @@ LAYER_NAME = "QwenGatedDeltaNetAttention"
 
 
 def _current_family() -> str:
-    from vllm.platforms import current_platform
+    from vllm_ascend_ext.platform.soc import current_family
 
-    soc = getattr(current_platform, "soc", None)
-    return soc().family if soc is not None else "A2"
+    return current_family() or "A2"
 
 
 def _binding_state_dtype(state_dtype: torch.dtype) -> str | None:
