@@ -2,15 +2,17 @@
 vLLM documents offline data parallelism (``VLLM_DP_RANK`` ... in each process, one
 engine each, meeting in the MoE layers), and print one JSON line of results.
 
-    python tests/e2e/run_dp.py --dp N [--model qwen-moe] [--dtype float32]
-                               [--drop-combine-sum]
+    python tests/e2e/run_dp.py --dp N [--ep] [--model qwen-moe] [--dtype float32]
+                               [--drop-combine-sum] [--swap-expert-shard]
 
 The prompts are split unevenly (rank 0 takes most of them, and rank 1's finish early), so
 the idle rank runs vLLM's dummy batches while the other still decodes. ``--dp 1`` runs
 every prompt in one engine (the reference). Negative control: ``--drop-combine-sum``
 makes the plugin's communicator keep each rank's own slice in ``reduce_scatterv``
-without summing the other ranks' partial expert outputs; vLLM imports this module in
-each worker (``worker_extension_cls``), and the import applies it there.
+without summing the other ranks' partial expert outputs; ``--swap-expert-shard`` (with
+``--ep``) makes each rank compute its own expert weights as the next rank's experts.
+vLLM imports this module in each worker (``worker_extension_cls``), and the import
+applies them there. ``--ep`` turns on expert parallelism (``enable_expert_parallel``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,29 @@ if os.environ.get(DROP) == "1":          # in the worker processes, imported by 
     AscendCommunicator.reduce_scatterv = _own_slice_only
 
 
+DROP_ALL_REDUCE = "RUN_TP_DROP_ALL_REDUCE"
+if os.environ.get(DROP_ALL_REDUCE) == "1":          # run_tp.py's control, in the workers
+    from vllm_ascend_ext.distributed.communicator import AscendCommunicator
+
+    AscendCommunicator.all_reduce = lambda self, input_: input_
+
+SWAP = "RUN_DP_SWAP_EXPERT_SHARD"
+if os.environ.get(SWAP) == "1":          # in the worker processes, imported by vLLM
+    import torch
+
+    from vllm_ascend_ext.moe import method as _method
+
+    _shard_of = _method.expert_shard
+
+    def _neighbours_shard(name, expert_map, global_experts, local_experts):
+        """Each rank computes its own weights as the next rank's experts."""
+        if expert_map is not None:
+            expert_map = torch.roll(expert_map, local_experts)
+        return _shard_of(name, expert_map, global_experts, local_experts)
+
+    _method.expert_shard = _neighbours_shard
+
+
 class WorkerExtension:
     """Nothing of its own: naming it makes vLLM import this module in each worker."""
 
@@ -56,15 +81,23 @@ def _shares(dp: int) -> list[list[int]]:
                                              for r in range(dp)]
 
 
+def worker_options(args: dict) -> dict:
+    """The engine options and worker environment the flags ask for (run_tp.py too)."""
+    extra = {"enable_expert_parallel": bool(args.get("ep"))}
+    for flag, env in (("drop_combine_sum", DROP), ("swap_expert_shard", SWAP),
+                      ("drop_all_reduce", DROP_ALL_REDUCE)):
+        if args.get(flag):
+            os.environ[env] = "1"
+            extra["worker_extension_cls"] = "run_dp.WorkerExtension"
+    return extra
+
+
 def _rank(rank: int, dp: int, port: int, args: dict, queue) -> None:
     if dp > 1:
         os.environ.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL=str(rank),
                           VLLM_DP_SIZE=str(dp), VLLM_DP_MASTER_IP="127.0.0.1",
                           VLLM_DP_MASTER_PORT=str(port))
-    extra = {}
-    if args["drop_combine_sum"]:
-        os.environ[DROP] = "1"
-        extra["worker_extension_cls"] = "run_dp.WorkerExtension"
+    extra = worker_options(args)
     from vllm import LLM, SamplingParams
 
     from vllm_ascend_ext.cli.plugin_commands import _tiny_paths
@@ -95,7 +128,17 @@ def _facts(wrapper) -> dict:
             "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
             "dp_rank": get_dp_group().rank_in_group, "tp_rank": get_tp_group().rank_in_group,
             "tp_communicator": type(get_tp_group().device_communicator).__name__,
-            "ep_communicator": type(get_ep_group().device_communicator).__name__}
+            "ep_communicator": type(get_ep_group().device_communicator).__name__,
+            "expert_shard": _first_shard(worker.model_runner.model)}
+
+
+def _first_shard(model) -> str | None:
+    """The expert shard of the model's first MoE layer (its MoE method's)."""
+    for module in model.modules():
+        shard = getattr(getattr(module, "quant_method", None), "shard", None)
+        if shard is not None:
+            return shard.describe()
+    return None
 
 
 def main() -> None:
@@ -103,7 +146,9 @@ def main() -> None:
     ap.add_argument("--dp", type=int, default=2)
     ap.add_argument("--model", default="qwen-moe")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--ep", action="store_true")
     ap.add_argument("--drop-combine-sum", action="store_true")
+    ap.add_argument("--swap-expert-shard", action="store_true")
     args = vars(ap.parse_args())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,36 +1,26 @@
 """Run an embedded tiny model with tensor parallelism (multiprocess executor, one worker
 process per rank) and print one JSON line of results.
 
-    python tests/e2e/run_tp.py --tp N [--model qwen-moe] [--drop-all-reduce]
+    python tests/e2e/run_tp.py --tp N [--ep] [--model qwen-moe] [--drop-all-reduce]
+                               [--swap-expert-shard]
 
 The prompts and lengths are run_dp.py's: ``run_dp.py --dp 1`` is the reference of both.
 
 Each rank reports its worker, model runner, device runtime and the device communicator
 class of its tensor- and expert-parallel groups (``collective_rpc``). Negative control:
 ``--drop-all-reduce`` makes the plugin's communicator return its input from
-``all_reduce`` (each rank keeps only its own partial sums), which must change the result:
-vLLM imports this module in every worker process (``worker_extension_cls``), and the
-import applies it there.
+``all_reduce`` (each rank keeps only its own partial sums), which must change the result;
+the controls live in run_dp.py, which vLLM imports in every worker process
+(``worker_extension_cls``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 
 # run_dp's prompts and environment (its import sets it): one reference run for both
-from run_dp import MAX_TOKENS, PROMPTS, _facts
-
-DROP = "RUN_TP_DROP_ALL_REDUCE"
-if os.environ.get(DROP) == "1":          # in the worker processes, imported by vLLM
-    from vllm_ascend_ext.distributed.communicator import AscendCommunicator
-
-    AscendCommunicator.all_reduce = lambda self, input_: input_
-
-
-class WorkerExtension:
-    """Nothing of its own: naming it makes vLLM import this module in each worker."""
+from run_dp import MAX_TOKENS, PROMPTS, _facts, worker_options
 
 
 def main() -> None:
@@ -38,11 +28,10 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--model", default="qwen-moe")
     ap.add_argument("--drop-all-reduce", action="store_true")
+    ap.add_argument("--ep", action="store_true")
+    ap.add_argument("--swap-expert-shard", action="store_true")
     args = ap.parse_args()
-    extra = {}
-    if args.drop_all_reduce:
-        os.environ[DROP] = "1"
-        extra["worker_extension_cls"] = "run_tp.WorkerExtension"
+    extra = worker_options(vars(args))
     from vllm import LLM, SamplingParams
 
     from vllm_ascend_ext.cli.plugin_commands import _tiny_paths

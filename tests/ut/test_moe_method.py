@@ -1,5 +1,5 @@
 """The plugin's MoE method: routing plans against vLLM's own router math, a whole layer
-against an explicit float64 loop, refusals, expert-parallel refusal, registration."""
+against an explicit float64 loop, refusals, registration (expert parallelism: test_expert_parallel.py)."""
 
 from __future__ import annotations
 
@@ -144,7 +144,6 @@ def _layer(**over):
     (dict(has_bias=True), "expert biases"),
     (dict(has_hash_routing=True), "hash routing"),
     (dict(apply_router_weight_on_input=True), "applied to the input"),
-    (dict(expert_map=torch.arange(8)), "expert parallelism"),
     (dict(use_grouped_topk=True, num_expert_group=4, topk_group=2), "more than 2 experts per group"),
     (dict(use_grouped_topk=True, num_expert_group=3, topk_group=1), "not an even split"),
     (dict(use_grouped_topk=True, num_expert_group=2, topk_group=None), "without topk_group"),
@@ -161,19 +160,6 @@ def test_unsupported_layers_are_refused_naming_the_layer_and_the_feature(over, m
 
 def test_plain_softmax_routing_takes_any_expert_count_the_softmax_kernel_takes():
     assert layer_routing_plan(_layer(global_num_experts=2, top_k=2)).op == SOFTMAX
-
-
-def test_expert_parallel_is_refused_before_serving():
-    from vllm_ascend_ext.platform.config_hooks import refuse_expert_parallel
-
-    ok = SimpleNamespace(parallel_config=SimpleNamespace(enable_expert_parallel=False, enable_eplb=False))
-    refuse_expert_parallel(ok)
-    for flag, text in (("enable_expert_parallel", "--enable-expert-parallel"),
-                       ("enable_eplb", "--enable-eplb")):
-        bad = SimpleNamespace(parallel_config=SimpleNamespace(
-            **{"enable_expert_parallel": False, "enable_eplb": False, flag: True}))
-        with pytest.raises(AscendExtError, match=text):
-            refuse_expert_parallel(bad)
 
 
 def test_registration_replaces_vllms_unquantized_method_once(monkeypatch):

@@ -279,10 +279,17 @@ def test_token_unpermute_gathers_token_major_and_undoes_init_routing(tokens, k, 
     torch.testing.assert_close(back, x)
 
 
-def test_grouped_matmul_refuses_a_group_list_that_does_not_cover_the_rows():
-    x, w = torch.randn(5, 4), torch.randn(2, 4, 3)
-    with pytest.raises(ValueError, match="must cover x's 5 rows exactly"):
-        npu_grouped_matmul([x], [w], group_list=torch.tensor([2, 2]), split_item=2,
+def test_grouped_matmul_groups_end_within_the_rows_and_leave_the_rest_zero():
+    """Groups ending before M (expert parallelism: the rank's experts only) compute their
+    rows and leave the others zero; groups past M are refused."""
+    x, w = torch.randn(5, 4, dtype=torch.float64), torch.randn(2, 4, 3, dtype=torch.float64)
+    out = npu_grouped_matmul([x], [w], group_list=torch.tensor([2, 2]), split_item=2,
+                             group_type=0, group_list_type=1)[0]
+    torch.testing.assert_close(out[:2], x[:2] @ w[0])
+    torch.testing.assert_close(out[2:4], x[2:4] @ w[1])
+    assert torch.equal(out[4], torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="must lie within x's 5 rows"):
+        npu_grouped_matmul([x], [w], group_list=torch.tensor([3, 3]), split_item=2,
                            group_type=0, group_list_type=1)
 
 

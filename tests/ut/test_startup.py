@@ -23,7 +23,7 @@ from vllm_ascend_ext.platform.soc import from_name
 MODELS = Path(__file__).resolve().parents[2] / "vllm_ascend_ext" / "models"
 
 HEAD = ["parse: ascend_ext options", "platform: check", "parse: model facts",
-        "parse: quantization description", "refuse: expert parallelism",
+        "parse: quantization description", "refuse: EPLB, all-to-all backends",
         "platform: refuse"]
 TAIL = ["default: exact host lists", "default: layer ops", "preflight", "platform: finish"]
 # The whole sequence of one start, for a standard decoder, an SFA and a hybrid model.
@@ -182,8 +182,8 @@ def test_the_policy_calls_the_platform_at_its_places_without_an_engine():
 
 def test_a_refused_config_gets_no_platform_setup():
     log: list[str] = []
-    with pytest.raises(AscendExtError, match="--enable-expert-parallel"):
-        startup.run(_bare_config(enable_expert_parallel=True), _recording_side(log))
+    with pytest.raises(AscendExtError, match="--enable-eplb"):
+        startup.run(_bare_config(enable_eplb=True), _recording_side(log))
     assert log == ["side check"]
 
 

@@ -13,6 +13,8 @@ from torch import nn
 
 from vllm_ascend_ext.contract.harness import ContractViolation
 from vllm_ascend_ext.moe import experts
+from vllm_ascend_ext.moe.expert_shard import ExpertShard
+from vllm_ascend_ext.moe.routing import SOFTMAX, RoutingPlan
 from vllm_ascend_ext.moe.w8a8 import AscendW8A8FusedMoEMethod
 from vllm_ascend_ext.ops.counting import OpCounter
 from vllm_ascend_ext.ops.format import (
@@ -294,6 +296,7 @@ def test_the_w8a8_method_takes_the_fused_experts_with_nz_weights_only(name, sett
                 torch.zeros(*shape[:2], 1), requires_grad=False))
     method = object.__new__(AscendW8A8FusedMoEMethod)      # only the weight hook is exercised
     method.prefix, method.dummy = "m.experts", False
+    method.plan, method.shard = RoutingPlan(SOFTMAX, 2, e), ExpertShard(e, e)
     method.weight_format = quantized_weight_format(from_name(name).family, setting)
     method.process_weights_after_loading(layer)
     assert method.fused_experts is fused

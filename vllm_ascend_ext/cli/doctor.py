@@ -116,7 +116,8 @@ def _npu_platform() -> dict:
                         "end to end); HCCL awaits hardware",
             "tensor_parallel": "accepted; decode graphs off for TP x PP > 1",
             "data_parallel": "accepted, MoE experts split over DP x TP (all-gather / "
-                             "reduce-scatter exchange); expert parallelism refused",
+                             "reduce-scatter exchange)",
+            "pipeline_parallel": "not refused; not tested here",
         },
         "block_size": {"fia": 128, "sfa": DEFAULT_BLOCK_SIZE},
         "fia_backend": AscendFIABackend.get_name(),
@@ -125,7 +126,11 @@ def _npu_platform() -> dict:
             "w8a8_method": f"{AscendW8A8FusedMoEMethod.__module__}."
                            f"{AscendW8A8FusedMoEMethod.__qualname__}",
             "replaces": "vLLM's UnquantizedFusedMoEMethod while the platform is active",
-            "expert_parallel": "refused (no expert-parallel token dispatcher yet)",
+            "expert_parallel": "accepted (--enable-expert-parallel): each rank computes its "
+                               "own experts (linear or round-robin placement), tokens "
+                               "exchanged by vLLM's all-gather / reduce-scatter through the "
+                               "plugin's communicator; EPLB and other --all2all-backend "
+                               "values refused",
         },
         "gdn": _gdn_ops(),
     }

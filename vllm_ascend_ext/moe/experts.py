@@ -21,13 +21,16 @@ swiglu and the per-row re-quantization in one launch; ``w13`` in FRACTAL_NZ, whi
 operator requires), the int8 ``w2`` ``npu_grouped_matmul``, ``npu_moe_token_unpermute``.
 
 Weights are in the kernels' ``[E, K, N]`` layout (vLLM loads ``[E, N, K]``; the method
-transposes once after loading).
+transposes once after loading). Under expert parallelism they hold the rank's experts
+only and ``shard`` (``expert_shard.py``) names them: the permutation keeps the pairs routed
+to them (step 2's ``active_expert_range``), so the result is this rank's share of the sum.
 """
 
 from __future__ import annotations
 
 import torch
 
+from vllm_ascend_ext.moe.expert_shard import ExpertShard
 from vllm_ascend_ext.moe.routing import GATING, RoutingPlan
 from vllm_ascend_ext.ops.grouped_matmul import DTYPE_ENUM, npu_grouped_matmul, npu_swiglu
 from vllm_ascend_ext.ops.grouped_matmul_swiglu_quant import npu_grouped_matmul_swiglu_quant
@@ -71,22 +74,32 @@ def route(plan: RoutingPlan, router_logits: torch.Tensor,
 
 
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                   w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+                   w13: torch.Tensor, w2: torch.Tensor,
+                   shard: ExpertShard | None = None) -> torch.Tensor:
     """``sum_k weights[t, k] * FFN_{ids[t, k]}(x[t])`` for ``x [T, H]``, with
-    ``FFN_e(v) = (silu(v @ w13[e][:, :I]) * (v @ w13[e][:, I:])) @ w2[e]``."""
-    expanded, row_idx, counts = _dispatch(x, ids, w13.shape[0])
+    ``FFN_e(v) = (silu(v @ w13[e][:, :I]) * (v @ w13[e][:, I:])) @ w2[e]``; with a sharded
+    ``shard``, the sum over the pairs whose expert is in it (``w13``/``w2`` hold those
+    experts in slot order). ``None``: every expert of ``w13``."""
+    shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
+    expanded, row_idx, counts = _dispatch(x, ids, shard)
     gate_up = npu_grouped_matmul([expanded], [w13], group_list=counts, split_item=2,
                                  group_type=0, group_list_type=1)[0]
     down = npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=counts, split_item=2,
                               group_type=0, group_list_type=1)[0]
-    return npu_moe_token_unpermute(down, row_idx, probs=weights)
+    return npu_moe_token_unpermute(down, row_idx, probs=shard.masked_weights(weights, ids))
 
 
-def _dispatch(x: torch.Tensor, ids: torch.Tensor, num_experts: int):
-    expanded, row_idx, counts, _ = npu_moe_init_routing_v2(
-        x, ids, active_num=-1, expert_num=num_experts, drop_pad_mode=0,
-        expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=-1,
-        active_expert_range=(0, num_experts), row_idx_type=0)
+def _permute(x: torch.Tensor, ids: torch.Tensor, shard: ExpertShard, quant_mode: int):
+    """``npu_moe_init_routing_v2`` over the shard's experts: (rows, row index, counts per
+    local expert, per-row scales)."""
+    return npu_moe_init_routing_v2(
+        x, shard.local_ids(ids), active_num=-1, expert_num=shard.expert_num, drop_pad_mode=0,
+        expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=quant_mode,
+        active_expert_range=shard.active_range, row_idx_type=0)
+
+
+def _dispatch(x: torch.Tensor, ids: torch.Tensor, shard: ExpertShard):
+    expanded, row_idx, counts, _ = _permute(x, ids, shard, quant_mode=-1)
     return expanded, row_idx, counts
 
 
@@ -100,31 +113,30 @@ def _quantized_gmm(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
 
 def routed_experts_w8a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                         w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
-                        w2_scale: torch.Tensor) -> torch.Tensor:
+                        w2_scale: torch.Tensor, shard: ExpertShard | None = None) -> torch.Tensor:
     """``routed_experts`` with int8 ``w13 [E, H, 2I]`` / ``w2 [E, I, H]`` and their
     per-output-channel scales ``[E, 2I]`` / ``[E, H]``; activations quantized per row."""
-    expanded, row_idx, counts = _dispatch(x, ids, w13.shape[0])
+    shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
+    expanded, row_idx, counts = _dispatch(x, ids, shard)
     gate_up = _quantized_gmm(expanded, w13, w13_scale, counts, x.dtype)
     down = _quantized_gmm(npu_swiglu(gate_up), w2, w2_scale, counts, x.dtype)
-    return npu_moe_token_unpermute(down, row_idx, probs=weights)
+    return npu_moe_token_unpermute(down, row_idx, probs=shard.masked_weights(weights, ids))
 
 
 def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                               w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
-                              w2_scale: torch.Tensor) -> torch.Tensor:
+                              w2_scale: torch.Tensor,
+                              shard: ExpertShard | None = None) -> torch.Tensor:
     """``routed_experts_w8a8`` (same arguments and result, up to the int8 roundings) in
     four calls: the routing quantizes the expanded rows, the first GEMM's swiglu output
     comes out quantized. ``w13`` must be FRACTAL_NZ (``npu_grouped_matmul_swiglu_quant``
     treats its weight as NZ)."""
-    num_experts = w13.shape[0]
-    rows, row_idx, counts, row_scale = npu_moe_init_routing_v2(
-        x, ids, active_num=-1, expert_num=num_experts, drop_pad_mode=0,
-        expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=1,
-        active_expert_range=(0, num_experts), row_idx_type=0)
+    shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
+    rows, row_idx, counts, row_scale = _permute(x, ids, shard, quant_mode=1)
     # The fused GEMM takes the groups' running sums (vllm-ascend: cumsum_group_list(.., 0)).
     act, act_scale, _ = npu_grouped_matmul_swiglu_quant(rows, w13, counts.cumsum(0), w13_scale,
                                                         row_scale)
     down = npu_grouped_matmul([act], [w2], scale=[w2_scale], per_token_scale=[act_scale],
                               group_list=counts, split_item=2, group_type=0, group_list_type=1,
                               output_dtype=DTYPE_ENUM[x.dtype])[0]
-    return npu_moe_token_unpermute(down, row_idx, probs=weights)
+    return npu_moe_token_unpermute(down, row_idx, probs=shard.masked_weights(weights, ids))

@@ -14,8 +14,10 @@ op (as vLLM's own ``moe_forward`` is on the NPU platform).
 It is *monolithic* in vLLM's terms: it receives the router logits and routes itself
 (``routing.plan_routing`` decides the gating operator once, when the layer is built;
 ``experts.route`` and ``experts.routed_experts`` issue the calls). vLLM's MoE runner still
-runs the shared experts and adds them. Expert parallelism is refused at startup
-(``platform.config_hooks.refuse_expert_parallel``); the weights stay in vLLM's parameters,
+runs the shared experts and adds them. Under expert parallelism (``--enable-expert-parallel``)
+a rank's weights hold its experts only: the layer's shard (``expert_shard.py``) restricts
+the permutation to them, and vLLM sums the ranks' shares (its all-reduce, or its DP token
+exchange through the plugin's communicator). The weights stay in vLLM's parameters,
 transposed once to the kernels' ``[E, K, N]`` layout.
 """
 
@@ -30,6 +32,7 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 )
 
 from vllm_ascend_ext.moe import experts
+from vllm_ascend_ext.moe.expert_shard import ExpertShard, expert_shard
 from vllm_ascend_ext.moe.routing import RoutingPlan, UnsupportedMoEError, plan_routing
 from vllm_ascend_ext.ops import counting
 
@@ -59,9 +62,6 @@ def layer_routing_plan(layer) -> RoutingPlan:
                                   "weights applied to the input")
     if moe.has_hash_routing:
         raise UnsupportedMoEError(f"{name}: the ascend_ext MoE method does not support hash routing")
-    if getattr(layer, "expert_map", None) is not None:
-        raise UnsupportedMoEError(f"{name}: expert parallelism is not supported by the ascend_ext "
-                                  "MoE method")
     return plan_routing(
         layer_name=name, top_k=layer.top_k, num_experts=layer.global_num_experts,
         scoring_func=layer.scoring_func, renormalize=bool(layer.renormalize),
@@ -69,6 +69,13 @@ def layer_routing_plan(layer) -> RoutingPlan:
         topk_group=layer.topk_group, has_bias=layer.e_score_correction_bias is not None,
         routed_scaling_factor=float(layer.routed_scaling_factor),
         custom_routing_function=layer.custom_routing_function)
+
+
+def layer_expert_shard(layer) -> ExpertShard:
+    """The experts this rank computes (all of them without expert parallelism)."""
+    name = getattr(layer, "layer_name", type(layer).__name__)
+    return expert_shard(name, getattr(layer, "expert_map", None), layer.global_num_experts,
+                        layer.local_num_experts)
 
 
 OP_NAMESPACE = "ascend_ext"
@@ -106,7 +113,20 @@ class MonolithicEntry:
     op where vLLM would trace them; ``compute`` is each method's own."""
 
     plan: RoutingPlan | None = None
+    shard: ExpertShard | None = None
     opaque_entry = False
+
+    def plan_layer(self, layer) -> None:
+        """Routing plan and expert shard, made when the weights are created (a refusal
+        comes before any weight is read)."""
+        self.plan = layer_routing_plan(layer)
+        self.shard = layer_expert_shard(layer)
+
+    def place_shard(self, weight: torch.Tensor) -> None:
+        """The shard's tables on the weights' device (after loading)."""
+        self.shard = self.shard.to(weight.device)
+        logger.debug_once("ascend_ext: MoE layers routed by %s (%s), %s", self.plan.op,
+                          self.plan.describe(), self.shard.describe())
 
     def init_entry(self) -> None:
         from vllm.platforms import current_platform
@@ -170,18 +190,18 @@ class AscendFusedMoEMethod(MonolithicEntry, UnquantizedFusedMoEMethod):
 
     def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
                        params_dtype, **extra_weight_attrs):
-        self.plan = layer_routing_plan(layer)   # refuse before any weight is read
+        self.plan_layer(layer)   # refuse before any weight is read
         super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition,
                                params_dtype, **extra_weight_attrs)
 
     def process_weights_after_loading(self, layer) -> None:
         transpose_experts(layer, "w13_weight", "w2_weight")
-        logger.debug_once("ascend_ext: MoE layers routed by %s (%s)", self.plan.op,
-                          self.plan.describe())
+        self.place_shard(layer.w13_weight)
 
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(layer, router_logits)
-        return experts.routed_experts(x, weights, ids, layer.w13_weight, layer.w2_weight)
+        return experts.routed_experts(x, weights, ids, layer.w13_weight, layer.w2_weight,
+                                      self.shard)
 
 
 def register() -> None:

@@ -25,7 +25,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightSc
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_ascend_ext.moe import experts
-from vllm_ascend_ext.moe.method import MonolithicEntry, layer_routing_plan, transpose_experts
+from vllm_ascend_ext.moe.method import MonolithicEntry, transpose_experts
 from vllm_ascend_ext.moe.routing import UnsupportedMoEError
 from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, cast_parameter, npu_format
 from vllm_ascend_ext.quantization.w8a8_dynamic import deterministic_int8
@@ -47,7 +47,7 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
 
     def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition,
                        params_dtype, **extra_weight_attrs):
-        self.plan = layer_routing_plan(layer)
+        self.plan_layer(layer)
         self.weight_format = current_quantized_weight_format()   # while the model is built
         inter = intermediate_size_per_partition
         shapes = {"w13": (num_experts, 2 * inter, hidden_size),
@@ -79,10 +79,11 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
             cast_parameter(layer, name, self.weight_format)
         # The fused first GEMM reads its weight as FRACTAL_NZ: only NZ experts take it.
         self.fused_experts = npu_format(layer.w13_weight) == ACL_FORMAT_FRACTAL_NZ
+        self.place_shard(layer.w13_weight)
 
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(layer, router_logits)
         run = (experts.routed_experts_w8a8_fused if self.fused_experts
                else experts.routed_experts_w8a8)
         return run(x, weights, ids, layer.w13_weight, layer.w13_weight_scale, layer.w2_weight,
-                   layer.w2_weight_scale)
+                   layer.w2_weight_scale, self.shard)

@@ -10,7 +10,12 @@ Semantics (torch-npu 2.13.0 ``_op_plugin_docs.py`` and its Meta kernels):
   ``group_type=0`` (groups along M), ``split_item`` 2 or 3 (one output ``[M, N]``), and a
   tensor ``group_list`` of E entries: the group sizes (``group_list_type=1``) or their
   running sums (0, the last equal to M). Group ``e`` is rows ``[end_{e-1}, end_e)`` times
-  ``weight[e]``; the groups cover M exactly (the documented MoE form). W8A8 (per-channel ``scale`` with
+  ``weight[e]``. The documentation asks the groups to cover M exactly; under expert
+  parallelism the plugin passes the permutation's ``N*K`` rows with only the rank's
+  experts counted (the groups end before M), as every expert-parallel dispatcher of
+  vllm-ascend does on A2/A3: the reference takes groups ending at or before M and leaves
+  the rows past them zero (undefined on the NPU; nothing reads them: their pairs carry a
+  ``-1`` gather index and a zero weight). W8A8 (per-channel ``scale`` with
   ``per_token_scale``, int8 ``x``/``weight``): ``y = (x @ w) * scale_e[n] *
   per_token_scale[m]`` in ``output_dtype``. Activations, anti-quantisation, offsets and the
   N/K splits are not emulated.
@@ -100,9 +105,9 @@ def grouped_matmul_reference(x, weight, *, bias=None, scale=None, offset=None,
     work = torch.float64 if torch.float64 in (a.dtype, w.dtype) else torch.float32
     out = torch.zeros((a.shape[0], w.shape[2]), dtype=work, device=a.device)
     ends = _ends(group_list, group_list_type)
-    if ends[-1] != a.shape[0] or any(b < a_ for a_, b in zip(ends, ends[1:])) or ends[0] < 0:
+    if ends[-1] > a.shape[0] or any(b < a_ for a_, b in zip(ends, ends[1:])) or ends[0] < 0:
         raise ValueError(f"npu_grouped_matmul: group_list {group_list.tolist()} (type "
-                         f"{group_list_type}) must cover x's {a.shape[0]} rows exactly, "
+                         f"{group_list_type}) must lie within x's {a.shape[0]} rows, "
                          "with non-negative group sizes")
     begin = 0
     for e, end in enumerate(ends):

@@ -43,18 +43,24 @@ def apply_quant_description(vllm_config) -> None:
     logger.info("ascend_ext: %s found; quantization method %r selected", path, METHOD_NAME)
 
 
+EP_ALL2ALL_BACKENDS = ("allgather_reducescatter",)
+
+
 def refuse_expert_parallel(vllm_config) -> None:
-    """The plugin's MoE method runs every expert on every rank: no all-to-all yet."""
+    """Expert parallelism runs on vLLM's all-gather / reduce-scatter token exchange (the
+    plugin's communicator); what the plugin's MoE methods do not implement is refused by
+    name: expert load balancing and vLLM's other all-to-all backends (CUDA libraries)."""
     parallel = vllm_config.parallel_config
-    if getattr(parallel, "enable_expert_parallel", False):
-        raise AscendExtError(
-            "--enable-expert-parallel: the ascend_ext MoE method has no all-to-all "
-            "communicator yet (npu_moe_distribute_dispatch/combine); run without expert "
-            "parallelism (experts are then split by tensor parallelism)")
     if getattr(parallel, "enable_eplb", False):
         raise AscendExtError(
-            "--enable-eplb: expert load balancing needs expert parallelism, which the "
-            "ascend_ext MoE method does not support yet")
+            "--enable-eplb: the ascend_ext MoE methods do not implement vLLM's EPLB "
+            "interfaces (no per-expert load recording, no redundant experts, no weight "
+            "rearrangement); run --enable-expert-parallel without --enable-eplb")
+    backend = getattr(parallel, "all2all_backend", EP_ALL2ALL_BACKENDS[0])
+    if getattr(parallel, "enable_expert_parallel", False) and backend not in EP_ALL2ALL_BACKENDS:
+        raise AscendExtError(
+            f"--all2all-backend {backend}: the ascend_ext MoE methods exchange tokens "
+            f"through the plugin's communicator; allowed: {', '.join(EP_ALL2ALL_BACKENDS)}")
 
 
 def refuse_sfa_block_size(cache_config) -> None:
