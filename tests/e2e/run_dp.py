@@ -47,10 +47,12 @@ if os.environ.get(DROP_ALL_REDUCE) == "1":          # run_tp.py's control, in th
     AscendCommunicator.all_reduce = lambda self, input_: input_
 
 SWAP = "RUN_DP_SWAP_EXPERT_SHARD"
+_method = None
 if os.environ.get(SWAP) == "1":          # in the worker processes, imported by vLLM
-    import torch
-
     from vllm_ascend_ext.moe import method as _method
+if _method is not None and not hasattr(_method.expert_shard, "swapped"):
+    # once per process: a worker may import this module more than once
+    import torch
 
     _shard_of = _method.expert_shard
 
@@ -60,6 +62,7 @@ if os.environ.get(SWAP) == "1":          # in the worker processes, imported by 
             expert_map = torch.roll(expert_map, local_experts)
         return _shard_of(name, expert_map, global_experts, local_experts)
 
+    _neighbours_shard.swapped = True
     _method.expert_shard = _neighbours_shard
 
 
@@ -120,11 +123,16 @@ def _facts(wrapper) -> dict:
     through ``collective_rpc``; run_tp.py reports the same)."""
     from vllm.distributed.parallel_state import get_dp_group, get_ep_group, get_tp_group
 
+    from vllm_ascend_ext.contract import mode
     from vllm_ascend_ext.worker import npu_device
 
     worker = getattr(wrapper, "worker", wrapper)
     runtime = npu_device.current_runtime()
-    return {"worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
+    contract = None
+    if mode.enabled():   # this worker's torch_npu calls, checked by its harness
+        h = mode.harness()
+        contract = {"calls": dict(h.calls), "violations": h.violations, "summary": h.summary()}
+    return {"contract": contract, "worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
             "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
             "dp_rank": get_dp_group().rank_in_group, "tp_rank": get_tp_group().rank_in_group,
             "tp_communicator": type(get_tp_group().device_communicator).__name__,

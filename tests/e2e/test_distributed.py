@@ -1,7 +1,8 @@
 """Tensor and data parallelism through the plugin's device communicator (distributed/
 communicator.py) on the emulated Atlas engine path: several worker or engine processes,
 each the NPU worker on the CPU stand-in, their groups' collectives on gloo (HCCL on an
-NPU). One single-engine run per model is the reference (run_dp.py --dp 1)."""
+NPU), with and without expert parallelism. One single-engine run per model is the
+reference (run_dp.py --dp 1)."""
 
 from __future__ import annotations
 
@@ -28,45 +29,78 @@ def reference():
 
 
 @pytest.mark.xdist_group("parallel")
-def test_tp2_equals_one_engine_and_a_dropped_all_reduce_changes_the_tokens(reference):
-    """Tiny Qwen MoE in fp32 (attention heads, dense projections and the experts split
-    over two ranks, partial sums all-reduced): the same greedy tokens as one rank, the
+def test_tp2_ep2_equals_one_engine_and_a_dropped_all_reduce_changes_the_tokens(reference):
+    """Tiny Qwen MoE in fp32, TP2 with expert parallelism (attention heads and dense
+    projections split over two ranks; each rank computes its 4 of the 8 experts for every
+    token, vLLM all-reduces the partial sums): the same greedy tokens as one rank, the
     logprobs within fp32 summation-order noise; every rank's tensor- and expert-parallel
     groups run the plugin's communicator. Negative control: all-reduce returning its input
     (each rank keeps its own partial sums) changes the tokens."""
     one = reference("qwen-moe")
-    two = run_script("run_tp.py", "--tp", "2", emulate=True)
+    two = run_script("run_tp.py", "--tp", "2", "--ep", emulate=True)
     assert [r["tp_rank"] for r in two["ranks"]] == [0, 1]
+    assert [r["expert_shard"] for r in two["ranks"]] == ["experts [0, 4) of 8",
+                                                         "experts [4, 8) of 8"]
     for rank in two["ranks"]:
         assert rank["worker"] == "EmulatedNPUWorker" and rank["runtime"] == "cpu-npu-stand-in"
         assert rank["tp_communicator"] == rank["ep_communicator"] == "AscendCommunicator"
     assert two["tokens"] == one["tokens"]
     assert _max_lp_diff(one, two) < 1e-4
-    broken = run_script("run_tp.py", "--tp", "2", "--drop-all-reduce", emulate=True)
+    broken = run_script("run_tp.py", "--tp", "2", "--ep", "--drop-all-reduce", emulate=True)
     assert broken["tokens"] != one["tokens"]
 
 
 @pytest.mark.xdist_group("parallel")
-@pytest.mark.parametrize("model", ["qwen-moe", "dsa"])
-def test_dp2_moe_equals_one_engine(reference, model):
+@pytest.mark.parametrize("model,ep", [("qwen-moe", False), ("dsa-w8a8", True)],
+                         ids=["qwen-moe", "dsa-w8a8-ep2"])
+def test_dp2_moe_equals_one_engine(reference, model, ep):
     """Two DP engines (one process each, as vLLM documents offline DP) with uneven work:
     rank 0 decodes three prompts, rank 1 one short prompt and then vLLM's dummy batches.
     Their MoE layers meet through the communicator's token exchange (all-gather of the
-    ranks' tokens and router logits, reduce-scatter of the partial expert outputs; the
-    experts are split over the DP x TP ranks): the same greedy tokens and logprobs within
-    fp32 noise as one engine running all four prompts, for the tiny Qwen MoE (FIA) and
-    the tiny DeepSeek-V3.2 (SFA, the plugin's DsaMoE block)."""
+    ranks' tokens and router logits, reduce-scatter of the partial expert outputs): the
+    same greedy tokens and logprobs within fp32 noise as one engine running all four
+    prompts. Tiny Qwen MoE (FIA): the experts split over DP x TP by intermediate size.
+    Tiny DeepSeek-V3.2 W8A8 (SFA, DsaMoE, int8 experts) with expert parallelism: each rank
+    computes its 2 of the 4 experts for both ranks' tokens."""
     one = reference(model)
-    two = run_script("run_dp.py", "--dp", "2", "--model", model, emulate=True)
+    two = run_script("run_dp.py", "--dp", "2", "--model", model, *(["--ep"] if ep else []),
+                     emulate=True)
     assert [r["dp_rank"] for r in two["ranks"]] == [0, 1]
     assert all(r["ep_communicator"] == "AscendCommunicator" for r in two["ranks"])
+    shards = [r["expert_shard"] for r in two["ranks"]]
+    assert shards == (["experts [0, 2) of 4", "experts [2, 4) of 4"] if ep
+                      else ["all 8 experts"] * 2)
     assert two["tokens"] == one["tokens"]
     assert _max_lp_diff(one, two) < 1e-4
 
 
 @pytest.mark.xdist_group("parallel")
-def test_dp2_without_the_combine_sum_changes_the_tokens(reference):
-    """Negative control: each rank keeps its own slice of the partial expert outputs
-    without the other rank's share."""
-    broken = run_script("run_dp.py", "--dp", "2", "--drop-combine-sum", emulate=True)
+def test_dp2_ep2_w8a8_in_contract_mode_has_no_violation():
+    """The same DP2 + EP2 DeepSeek-V3.2 W8A8 engines in bf16 with every torch_npu call
+    checked against torch-npu 2.13's schemas, metas and documented rules on each rank: no
+    violation; the expert-parallel grouped matmuls are counted as the one departure from
+    the docs the plugin makes on purpose (groups ending before the rows)."""
+    two = run_script("run_dp.py", "--dp", "2", "--ep", "--model", "dsa-w8a8", "--dtype",
+                     "bfloat16", emulate=True, ASCEND_EXT_NPU_CONTRACT="1")
+    for rank in two["ranks"]:
+        contract = rank["contract"]
+        assert contract["violations"] == 0, contract["summary"]
+        for op in ("npu_moe_init_routing_v2", "npu_grouped_matmul_swiglu_quant",
+                   "npu_grouped_matmul", "npu_moe_token_unpermute"):
+            assert contract["calls"].get(op, 0) > 0, (op, contract["summary"])
+        assert ("departures from the docs, made on purpose: npu_grouped_matmul: groups "
+                "ending before x's rows (expert parallelism)") in contract["summary"]
+
+
+@pytest.mark.xdist_group("parallel")
+@pytest.mark.parametrize("control", ["--drop-combine-sum", "--swap-expert-shard"])
+def test_dp2_negative_controls_change_the_tokens(reference, control):
+    """Negative controls: each rank keeps its own slice of the partial expert outputs
+    without the other rank's share (DP2); each rank computes its expert weights as the
+    other rank's experts (DP2 + EP2)."""
+    args = ["--dp", "2", control, *(["--ep"] if control == "--swap-expert-shard" else [])]
+    broken = run_script("run_dp.py", *args, emulate=True)
+    if control == "--swap-expert-shard":
+        assert [r["expert_shard"] for r in broken["ranks"]] == ["experts [4, 8) of 8",
+                                                                "experts [0, 4) of 8"]
     assert broken["tokens"] != reference("qwen-moe")["tokens"]

@@ -60,13 +60,14 @@ def _loop(x, weights, ids, w13, w2, experts_kept=None):
     return out
 
 
-def test_no_map_is_every_expert_and_a_linear_map_is_a_range_without_a_remap():
+def test_foreign_experts_map_to_one_slot_past_the_local_ones():
     assert not expert_shard("l", None, E, E).is_sharded
     (first, _), (second, owned) = _shards(2, "linear")
-    assert (first.start, first.local_experts, first.remap) == (0, 5, None)
-    assert second.active_range == (5, 10) and second.expert_num == E and owned == list(range(5, 10))
+    assert owned == list(range(5, 10)) and second.expert_num == 6 and second.active_range == (0, 6)
+    assert second.describe() == "experts [5, 10) of 10" and first.start == 0
+    assert second.local_ids(torch.tensor([[5, 0], [9, 7]], dtype=torch.int32)).tolist() == [[0, 5], [4, 2]]
     robin, owned = _shards(3, "round_robin")[1]
-    assert owned == [1, 4, 7] and robin.expert_num == 4 and robin.active_range == (0, 3)
+    assert owned == [1, 4, 7] and robin.expert_num == 4 and robin.start is None
     assert robin.local_ids(torch.tensor([[1, 2], [7, 4]], dtype=torch.int32)).tolist() == [[0, 3], [2, 1]]
 
 
@@ -91,16 +92,16 @@ def test_a_rank_with_another_ranks_shard_is_wrong():
     assert (swapped - right).abs().max() > 0.1
 
 
-def test_foreign_pairs_weights_are_zeroed_before_the_unpermute():
-    """The unpermute's index holds -1 for pairs of other ranks' experts; their weights go
-    in as zero (what the kernel reads for -1 is not documented)."""
+def test_the_unpermute_gets_a_full_permutation_cleared_foreign_rows_and_zero_weights():
+    """What torch-npu documents for npu_moe_token_unpermute: indices a permutation of
+    [0, N*K) (no -1); the rows past the local groups (foreign pairs) zero, their weights zero."""
     x, weights, ids, w13, w2 = _problem()
-    shard, owned = _shards(2, "linear")[1]
+    shard, owned = _shards(2, "round_robin")[1]
     seen = {}
     real = experts.npu_moe_token_unpermute
 
     def spy(down, row_idx, probs):
-        seen.update(row_idx=row_idx, probs=probs)
+        seen.update(down=down, row_idx=row_idx, probs=probs)
         return real(down, row_idx, probs=probs)
 
     experts.npu_moe_token_unpermute = spy
@@ -109,8 +110,11 @@ def test_foreign_pairs_weights_are_zeroed_before_the_unpermute():
     finally:
         experts.npu_moe_token_unpermute = real
     foreign = ~torch.isin(ids, torch.tensor(owned, dtype=torch.int32))
-    assert foreign.any() and (~foreign).any()
-    assert torch.equal(seen["row_idx"].view(T, K) < 0, foreign)
+    local = int((~foreign).sum())
+    assert foreign.any() and local
+    assert sorted(seen["row_idx"].tolist()) == list(range(T * K))
+    assert torch.equal(seen["row_idx"].view(T, K) >= local, foreign)   # foreign rows last
+    assert not seen["down"][local:].any() and seen["down"][:local].abs().sum(1).min() > 0
     assert torch.equal(seen["probs"] == 0, foreign)
 
 
@@ -142,7 +146,7 @@ def test_w8a8_ranks_sum_to_the_unsharded_layer(placement, fused):
             ).abs().max() > 0.1 * whole.abs().max()
 
 
-def test_sharding_adds_two_calls_per_layer_and_round_robin_one_more():
+def test_sharding_adds_eight_calls_per_layer_whatever_the_placement():
     x, weights, ids, w13, w2 = _problem(dtype=torch.float32)
 
     def calls(shard, owned):
@@ -151,8 +155,7 @@ def test_sharding_adds_two_calls_per_layer_and_round_robin_one_more():
         return sum(c.total().values())
 
     whole = calls(None, list(range(E)))
-    assert calls(*_shards(2, "linear")[0]) == whole + 2
-    assert calls(*_shards(2, "round_robin")[0]) == whole + 3
+    assert calls(*_shards(2, "linear")[0]) == calls(*_shards(2, "round_robin")[0]) == whole + 8
 
 
 @pytest.mark.parametrize("emap,local,message", [

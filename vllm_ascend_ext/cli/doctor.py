@@ -131,6 +131,9 @@ def _npu_platform() -> dict:
                                "exchanged by vLLM's all-gather / reduce-scatter through the "
                                "plugin's communicator; EPLB and other --all2all-backend "
                                "values refused",
+            "ep_dispatcher": {family: "all-gather / reduce-scatter (vLLM's exchange); "
+                                      "all-to-all and MC2 not built"
+                              for family in ("A2", "A3", "A5")},
         },
         "gdn": _gdn_ops(),
     }

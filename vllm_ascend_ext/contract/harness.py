@@ -84,6 +84,7 @@ class Harness:
         self.violations = 0
         self.unspecified: set[str] = set()   # operators whose docs list no products
         self.doc_gaps: Counter[str] = Counter()   # op@family: calls on an unlisted SoC
+        self.departures: Counter[str] = Counter()   # "op: what": deliberate, outside the docs
         self._lock = threading.RLock()  # _raise may run inside a locked section
         self._last_log = time.monotonic()
         self.namespace = _Namespace(self)
@@ -151,7 +152,10 @@ class Harness:
                                    "so it must be contiguous memory"))
         for rule in documented:
             problem = rule.check(call)
-            if problem:
+            if isinstance(problem, rules.Departure):
+                with self._lock:
+                    self.departures[f"{call.op}: {problem}"] += 1
+            elif problem:
                 note = f"; {rule.note}" if rule.note else ""
                 problems.append((rule.argument, f"{problem} [rule: {rule.cites()}{note}]"))
         return problems
@@ -190,10 +194,13 @@ class Harness:
             unspecified = sorted(self.unspecified)
             violations = self.violations
             gaps = ", ".join(f"{k}={n}" for k, n in sorted(self.doc_gaps.items()))
+            departures = ", ".join(f"{k}={n}" for k, n in sorted(self.departures.items()))
         tail = (f"; products unspecified in the docs: {', '.join(unspecified)}"
                 if unspecified else "")
         if gaps:
             tail += (f"; documentation gaps (called on a SoC the docs do not list, route in "
                      f"contract/product_gaps.py): {gaps}")
+        if departures:
+            tail += f"; departures from the docs, made on purpose: {departures}"
         return (f"ascend_ext npu-contract: validated {total} calls ({per_op}), violations "
                 f"{violations}{tail}")

@@ -10,6 +10,7 @@ import torch
 
 from vllm_ascend_ext.contract.rules import (
     Call,
+    Departure,
     Rule,
     all_of,
     dims_in,
@@ -51,6 +52,11 @@ def _group_list_covers_x(call: Call) -> str | None:
     if groups is None or groups.device.type == "meta" or len(xs) != 1:
         return None
     rows = int(groups.sum()) if call.values.get("group_list_type") == 1 else int(groups[-1])
+    if rows < xs[0].shape[0]:
+        # Expert parallelism: x is every (token, k) pair's row, the groups count this rank's
+        # experts only; vllm-ascend's all-gather, all-to-all and MC2 dispatchers all call
+        # the kernel so on A2/A3. The rows past the groups are never read.
+        return Departure("groups ending before x's rows (expert parallelism)")
     if rows != xs[0].shape[0]:
         return f"the groups hold {rows} rows; x has {xs[0].shape[0]}"
     return None

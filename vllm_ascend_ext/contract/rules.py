@@ -41,6 +41,12 @@ class Call:
 Check = Callable[[Call], "str | None"]
 
 
+class Departure(str):
+    """What a check returns for a call outside the documentation that the plugin makes on
+    purpose, the way production code on the hardware makes it (the text says which and
+    why): counted per operator and listed in the summary, not a violation."""
+
+
 @dataclass(frozen=True)
 class Rule:
     op: str

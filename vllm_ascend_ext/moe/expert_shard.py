@@ -3,25 +3,30 @@ arguments (pure, decided once per layer when it is built).
 
 vLLM's MoE layer carries an ``expert_map`` when expert parallelism is on: a
 ``[global_num_experts]`` int32 tensor holding each global expert's local slot on this rank,
-``-1`` for experts other ranks own (``expert_map_manager.determine_expert_map``). The
-rank's weights hold only its ``local_num_experts`` experts, in slot order. Routing stays
-global (top-k over every expert); only the permutation and the grouped matmuls change:
+``-1`` for experts other ranks own (``expert_map_manager.determine_expert_map``; linear or
+round-robin placement). The rank's weights hold only its ``L = local_num_experts``
+experts, in slot order. Routing stays global (top-k over every expert); the permutation
+and the grouped matmuls run on local slots, kept within what torch-npu 2.13 documents:
 
-- **no map** (no EP): every expert, ``active_expert_range = [0, E)``;
-- **a contiguous block** (vLLM's ``linear`` placement, the default): the global ids are
-  kept and the routing operator drops the others itself, ``active_expert_range =
-  [start, start + L)`` (documented: only ids in the range are expanded and counted, the
-  counts are per expert of the range): no extra call;
-- **any other placement** (``round_robin``): one gather per layer maps the global ids to
-  local slots, the foreign experts to slot ``L`` (one past the range), and the routing
-  takes ``expert_num = L + 1``, ``active_expert_range = [0, L)``. The map has no ``-1``
-  left: the range must hold values >= 0 (the documentation's requirement on the range).
+- one gather maps the global ids to local slots, every foreign expert to slot ``L``, and
+  ``npu_moe_init_routing_v2`` takes ``expert_num = L + 1`` with the whole range active: the
+  gather index it returns is a full permutation of ``[0, N*K)`` (``npu_moe_token_unpermute``
+  documents "取值范围是[0, tokens_num * topK_num - 1]，且没有重复索引": no ``-1``), the
+  foreign pairs' rows last, counted in group ``L``;
+- the grouped matmuls take the first ``L`` counts: their groups end before the ``N*K``
+  rows, a departure from ``npu_grouped_matmul``'s documentation that every expert-parallel
+  dispatcher of vllm-ascend makes on A2/A3 (contract mode counts it, ``contract/moe_rules.py``);
+  ``npu_grouped_matmul_swiglu_quant`` documents the rows past its groups as dirty data to be
+  cut off;
+- the rows past the local groups are cleared (``where`` on the row number against the
+  local count: the "截断" that documentation asks for, so no undefined value reaches the
+  sum) and the foreign pairs' routing weights are zeroed before ``npu_moe_token_unpermute``.
 
-Tokens routed to other ranks' experts contribute nothing here; vLLM sums the ranks'
-partial outputs (its all-reduce, or the DP combine) as for its own EP kernels. Their pairs
-keep a ``-1`` in the permutation's gather index; the routing weights of those pairs are
-zeroed (``masked_weights``: one gather and one multiply) before ``npu_moe_token_unpermute``,
-as vllm-ascend's all-gather dispatcher does, so whatever the kernel reads for them adds 0.
+Eight calls per layer more than a rank with every expert (the id gather; the group
+slice; sum, arange, compare, where; the weight gather and multiply: counted in
+``tests/ut/test_expert_parallel.py``), all on the device, no host read. Tokens routed to other ranks' experts contribute nothing here; vLLM sums the ranks'
+partial outputs (its all-reduce, or the DP combine through the plugin's communicator) as
+for its own EP kernels.
 """
 
 from __future__ import annotations
@@ -37,49 +42,57 @@ from vllm_ascend_ext.moe.routing import UnsupportedMoEError
 class ExpertShard:
     global_experts: int
     local_experts: int
-    start: int = 0                        # first global id of a contiguous block
-    remap: torch.Tensor | None = None     # [E] int32 global id -> local slot, L if foreign
-    owned: torch.Tensor | None = None     # [E] float32, 1 for this rank's experts (sharded)
-
-    @property
-    def expert_num(self) -> int:
-        """``npu_moe_init_routing_v2``'s ``expert_num``: the id space the ids live in."""
-        return self.global_experts if self.remap is None else self.local_experts + 1
-
-    @property
-    def active_range(self) -> tuple[int, int]:
-        begin = self.start if self.remap is None else 0
-        return begin, begin + self.local_experts
+    remap: torch.Tensor | None = None     # [E] int32: global id -> local slot, L if foreign
+    owned: torch.Tensor | None = None     # [E] float32: 1 for this rank's experts
+    start: int | None = None              # first global id when the experts are a block
 
     @property
     def is_sharded(self) -> bool:
-        return self.local_experts != self.global_experts
+        return self.remap is not None
+
+    @property
+    def expert_num(self) -> int:
+        """``npu_moe_init_routing_v2``'s ``expert_num``: the local slots and, sharded,
+        one for every foreign expert."""
+        return self.local_experts + 1 if self.is_sharded else self.global_experts
+
+    @property
+    def active_range(self) -> tuple[int, int]:
+        return 0, self.expert_num
 
     def local_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        """The ids the routing operator takes (int32): unchanged for a block."""
-        if self.remap is None:
-            return ids
-        return self.remap[ids]
+        """The ids the routing operator takes (int32)."""
+        return self.remap[ids] if self.is_sharded else ids
+
+    def groups(self, counts: torch.Tensor) -> torch.Tensor:
+        """The grouped matmuls' group sizes: the local experts' counts."""
+        return counts[:self.local_experts] if self.is_sharded else counts
+
+    def clear_foreign_rows(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """``rows`` with every row past the local groups set to zero."""
+        if not self.is_sharded:
+            return rows
+        kept = self.groups(counts).sum()
+        number = torch.arange(rows.shape[0], device=rows.device)
+        return torch.where((number < kept)[:, None], rows, 0.0)
 
     def masked_weights(self, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The routing weights with the pairs of other ranks' experts zeroed."""
-        if self.owned is None:
-            return weights
-        return weights * self.owned[ids]
+        return weights * self.owned[ids] if self.is_sharded else weights
 
     def to(self, device) -> ExpertShard:
-        def move(t):
-            return None if t is None else t.to(device)
-        return ExpertShard(self.global_experts, self.local_experts, self.start,
-                           move(self.remap), move(self.owned))
+        if not self.is_sharded:
+            return self
+        return ExpertShard(self.global_experts, self.local_experts, self.remap.to(device),
+                           self.owned.to(device), self.start)
 
     def describe(self) -> str:
         if not self.is_sharded:
             return f"all {self.global_experts} experts"
-        if self.remap is None:
+        if self.start is not None:
             return (f"experts [{self.start}, {self.start + self.local_experts}) of "
                     f"{self.global_experts}")
-        return f"{self.local_experts} of {self.global_experts} experts (remapped)"
+        return f"{self.local_experts} of {self.global_experts} experts (round robin)"
 
 
 def expert_shard(layer_name: str, expert_map: torch.Tensor | None, global_experts: int,
@@ -107,9 +120,8 @@ def expert_shard(layer_name: str, expert_map: torch.Tensor | None, global_expert
         raise UnsupportedMoEError(f"{layer_name}: this rank owns no expert (more EP ranks than "
                                   f"the {global_experts} experts)")
     start = int(owned[0])
-    mask = (emap >= 0).float()
-    if torch.equal(owned, torch.arange(start, start + local_experts)) and torch.equal(
-            slots, torch.arange(local_experts)):
-        return ExpertShard(global_experts, local_experts, start=start, owned=mask)
+    block = torch.equal(owned, torch.arange(start, start + local_experts)) and torch.equal(
+        slots, torch.arange(local_experts))
     remap = torch.where(emap >= 0, emap, local_experts).to(torch.int32)
-    return ExpertShard(global_experts, local_experts, remap=remap, owned=mask)
+    return ExpertShard(global_experts, local_experts, remap, (emap >= 0).float(),
+                       start if block else None)

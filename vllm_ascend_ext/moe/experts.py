@@ -22,8 +22,8 @@ operator requires), the int8 ``w2`` ``npu_grouped_matmul``, ``npu_moe_token_unpe
 
 Weights are in the kernels' ``[E, K, N]`` layout (vLLM loads ``[E, N, K]``; the method
 transposes once after loading). Under expert parallelism they hold the rank's experts
-only and ``shard`` (``expert_shard.py``) names them: the permutation keeps the pairs routed
-to them (step 2's ``active_expert_range``), so the result is this rank's share of the sum.
+only and ``shard`` (``expert_shard.py``) names them: the pairs routed to other ranks' experts
+are permuted last and contribute nothing, so the result is this rank's share of the sum.
 """
 
 from __future__ import annotations
@@ -82,11 +82,12 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     experts in slot order). ``None``: every expert of ``w13``."""
     shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
     expanded, row_idx, counts = _dispatch(x, ids, shard)
-    gate_up = npu_grouped_matmul([expanded], [w13], group_list=counts, split_item=2,
+    groups = shard.groups(counts)
+    gate_up = npu_grouped_matmul([expanded], [w13], group_list=groups, split_item=2,
                                  group_type=0, group_list_type=1)[0]
-    down = npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=counts, split_item=2,
+    down = npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=groups, split_item=2,
                               group_type=0, group_list_type=1)[0]
-    return npu_moe_token_unpermute(down, row_idx, probs=shard.masked_weights(weights, ids))
+    return _combine(down, row_idx, counts, weights, ids, shard)
 
 
 def _permute(x: torch.Tensor, ids: torch.Tensor, shard: ExpertShard, quant_mode: int):
@@ -101,6 +102,13 @@ def _permute(x: torch.Tensor, ids: torch.Tensor, shard: ExpertShard, quant_mode:
 def _dispatch(x: torch.Tensor, ids: torch.Tensor, shard: ExpertShard):
     expanded, row_idx, counts, _ = _permute(x, ids, shard, quant_mode=-1)
     return expanded, row_idx, counts
+
+
+def _combine(down: torch.Tensor, row_idx: torch.Tensor, counts: torch.Tensor,
+             weights: torch.Tensor, ids: torch.Tensor, shard: ExpertShard) -> torch.Tensor:
+    """Each token's rows weighted and summed (sharded: foreign rows and weights zeroed)."""
+    return npu_moe_token_unpermute(shard.clear_foreign_rows(down, counts), row_idx,
+                                   probs=shard.masked_weights(weights, ids))
 
 
 def _quantized_gmm(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -118,9 +126,10 @@ def routed_experts_w8a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     per-output-channel scales ``[E, 2I]`` / ``[E, H]``; activations quantized per row."""
     shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
     expanded, row_idx, counts = _dispatch(x, ids, shard)
-    gate_up = _quantized_gmm(expanded, w13, w13_scale, counts, x.dtype)
-    down = _quantized_gmm(npu_swiglu(gate_up), w2, w2_scale, counts, x.dtype)
-    return npu_moe_token_unpermute(down, row_idx, probs=shard.masked_weights(weights, ids))
+    groups = shard.groups(counts)
+    gate_up = _quantized_gmm(expanded, w13, w13_scale, groups, x.dtype)
+    down = _quantized_gmm(npu_swiglu(gate_up), w2, w2_scale, groups, x.dtype)
+    return _combine(down, row_idx, counts, weights, ids, shard)
 
 
 def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
@@ -134,9 +143,10 @@ def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch
     shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
     rows, row_idx, counts, row_scale = _permute(x, ids, shard, quant_mode=1)
     # The fused GEMM takes the groups' running sums (vllm-ascend: cumsum_group_list(.., 0)).
-    act, act_scale, _ = npu_grouped_matmul_swiglu_quant(rows, w13, counts.cumsum(0), w13_scale,
+    groups = shard.groups(counts)
+    act, act_scale, _ = npu_grouped_matmul_swiglu_quant(rows, w13, groups.cumsum(0), w13_scale,
                                                         row_scale)
     down = npu_grouped_matmul([act], [w2], scale=[w2_scale], per_token_scale=[act_scale],
-                              group_list=counts, split_item=2, group_type=0, group_list_type=1,
+                              group_list=groups, split_item=2, group_type=0, group_list_type=1,
                               output_dtype=DTYPE_ENUM[x.dtype])[0]
-    return npu_moe_token_unpermute(down, row_idx, probs=shard.masked_weights(weights, ids))
+    return _combine(down, row_idx, counts, weights, ids, shard)

@@ -32,11 +32,9 @@ Semantics (torch-npu 2.13.0 ``_op_plugin_docs.py``; index conventions from CANN'
   probs=None [N,K], padded_mode=False, restore_shape=None) -> [N,H]``:
   ``out[n] = sum_k permuted_tokens[sorted_indices[n*K + k]] * probs[n, k]`` (``K = 1``
   without ``probs``); the gather convention of ``row_idx_type=0`` above, so the pair
-  undoes ``npu_moe_init_routing_v2``. Indices lie in ``[0, N*K)`` without repeats, except
-  the ``-1`` that ``row_idx_type=0`` gives a pair outside ``active_expert_range`` (expert
-  parallelism): the documentation does not say what the kernel reads for it; the reference
-  adds nothing for it, and the plugin zeroes those pairs' ``probs`` as well (vllm-ascend's
-  all-gather dispatcher passes the same index with the same zeroed weights).
+  undoes ``npu_moe_init_routing_v2``. Indices lie in ``[0, N*K)`` without repeats (so the
+  plugin never passes the ``-1`` of a pair outside ``active_expert_range``: under expert
+  parallelism every pair is in range, ``moe/expert_shard.py``).
 """
 
 from __future__ import annotations
@@ -201,9 +199,8 @@ def token_unpermute_reference(permuted_tokens, sorted_indices, probs=None, padde
                               restore_shape=None):
     k = _check_unpermute(permuted_tokens, sorted_indices, probs, padded_mode, restore_shape)
     work = torch.float64 if permuted_tokens.dtype == torch.float64 else torch.float32
-    index = sorted_indices.long()
-    rows = permuted_tokens.to(work)[index.clamp(min=0)]
-    rows = torch.where((index >= 0)[:, None], rows, 0.0).view(-1, k, permuted_tokens.shape[1])
+    rows = permuted_tokens.to(work)[sorted_indices.long()]
+    rows = rows.view(-1, k, permuted_tokens.shape[1])
     if probs is not None:
         rows = rows * probs.to(work)[..., None]
     return rows.sum(1).to(permuted_tokens.dtype)

@@ -1,0 +1,153 @@
+"""Bytes each rank sends and collective calls it makes per MoE layer per step, by MoE
+token exchange, for DeepSeek-V3.2 and Qwen3-30B-A3B widths on 16 NPUs.
+
+    python benchmarks/moe_exchange_bytes.py [--tokens 256] [--json]
+
+``--tokens`` is the tokens one DP engine runs in the step (decode: its batch size).
+Hardware-independent: the figures are the payloads of the calls the code path makes,
+with the wire bytes of the usual ring algorithms (all-gather / reduce-scatter of ``S``
+total bytes over ``n`` ranks: each rank sends ``(n-1)/n * S``; all-reduce: twice that).
+No timing. Layouts (one Atlas 800 pair, 16 NPUs):
+
+- **TP16** (no EP, no DP): every rank holds a 1/16 slice of every expert; vLLM all-reduces
+  the MoE output over the 16 ranks (one call).
+- **DP2 x TP8 + EP16, all-gather exchange** (built: ``--enable-expert-parallel``, the
+  plugin's MoE methods with vLLM's all-gather / reduce-scatter through
+  ``AscendCommunicator``): ``all_gatherv`` of the hidden states and of the router logits
+  over the DP group (two calls: the communicator gathers a list tensor by tensor), every
+  rank computes its 16 experts for both engines' tokens, ``reduce_scatterv`` of the
+  partial outputs over DP, then vLLM's all-reduce over TP8.
+- **DP2 x TP8 + EP16, all-to-all** (not built: a projection of vllm-ascend's
+  ``TokenDispatcherWithAll2AllV``): each TP rank dispatches 1/8 of its engine's tokens;
+  every (token, k) row goes to the rank owning its expert (the share that stays local is
+  ``1/16``), counts exchanged first (a host read of them follows on the NPU), the rows
+  come back the same way, and an all-gather over TP8 restores the engine's tokens.
+- **MC2** (not built: ``npu_moe_distribute_dispatch_v2`` / ``combine_v2``, A3): the same
+  rows as all-to-all in two fused kernels, the dispatched rows int8 with a float32 scale
+  per row when the experts are W8A8 (its ``quant_mode=2``).
+
+Routing is taken as uniform (each of a token's k rows on any rank with probability 1/16);
+real routing moves the all-to-all figures, not the all-gather ones. The 16 ranks serve one
+engine's tokens under TP16 and two engines' under DP2: "per served token" compares the
+layouts at the same throughput. What bytes leave out: under TP16 each rank runs every
+expert at 1/16 of its intermediate size (DeepSeek-V3.2: 2048 / 16 = 128 columns per GEMM),
+under EP16 16 whole experts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+RANKS, DP, TP = 16, 2, 8
+BF16, FP32, INT8 = 2, 4, 1
+
+
+@dataclass(frozen=True)
+class Widths:
+    name: str
+    hidden: int
+    experts: int
+    top_k: int
+    moe_layers: int
+
+
+MODELS = (Widths("DeepSeek-V3.2", 7168, 256, 8, 58), Widths("Qwen3-30B-A3B", 2048, 128, 8, 48))
+
+
+@dataclass(frozen=True)
+class Exchange:
+    layout: str
+    built: bool
+    calls: int
+    bytes_sent: float      # per rank, per MoE layer, per step
+    host_reads: int        # host reads of device values per MoE layer
+
+    served_per_step: int = 1   # engines the 16 ranks serve (TP16: one, DP2: two)
+
+    def row(self, tokens: int, widths: Widths) -> dict:
+        return {"model": widths.name, "tokens": tokens, "layout": self.layout,
+                "built": self.built, "calls": self.calls,
+                "MiB_sent_per_layer": self.bytes_sent / 2**20,
+                "KiB_per_served_token": self.bytes_sent / (tokens * self.served_per_step) / 2**10,
+                "MiB_sent_per_step": self.bytes_sent * widths.moe_layers / 2**20,
+                "host_reads": self.host_reads}
+
+
+def ring_gather(total: float, n: int) -> float:
+    """Bytes one rank sends in an all-gather or a reduce-scatter of ``total`` bytes."""
+    return (n - 1) / n * total
+
+
+def ring_all_reduce(total: float, n: int) -> float:
+    return 2 * ring_gather(total, n)
+
+
+def tp16(tokens: int, w: Widths) -> Exchange:
+    return Exchange("TP16", True, 1, ring_all_reduce(tokens * w.hidden * BF16, RANKS), 0)
+
+
+def all_gather_ep(tokens: int, w: Widths) -> Exchange:
+    gathered = DP * tokens * (w.hidden + w.experts) * BF16          # hidden + router logits
+    sent = (ring_gather(gathered, DP) + ring_gather(DP * tokens * w.hidden * BF16, DP)
+            + ring_all_reduce(tokens * w.hidden * BF16, TP))
+    return Exchange("DP2xTP8+EP16 all-gather", True, 4, sent, 0, DP)
+
+
+def _remote_rows(tokens: int, w: Widths) -> float:
+    """(token, k) rows one rank sends away: its 1/TP share of the engine's tokens."""
+    return tokens / TP * w.top_k * (RANKS - 1) / RANKS
+
+
+def all_to_all_ep(tokens: int, w: Widths) -> Exchange:
+    counts = ring_gather(w.experts * 8, RANKS)        # an int64 count per expert, all-to-all
+    rows = _remote_rows(tokens, w)
+    sent = (counts + 2 * rows * w.hidden * BF16
+            + ring_gather(tokens * w.hidden * BF16, TP))
+    return Exchange("DP2xTP8+EP16 all-to-all", False, 4, sent, 1, DP)
+
+
+def mc2_ep(tokens: int, w: Widths, *, int8_dispatch: bool) -> Exchange:
+    rows = _remote_rows(tokens, w)
+    dispatch = rows * (w.hidden * INT8 + FP32) if int8_dispatch else rows * w.hidden * BF16
+    sent = dispatch + rows * w.hidden * BF16 + ring_gather(tokens * w.hidden * BF16, TP)
+    label = "DP2xTP8+EP16 MC2" + (" (int8 dispatch)" if int8_dispatch else "")
+    return Exchange(label, False, 3, sent, 0, DP)
+
+
+def table(tokens: int) -> list[dict]:
+    rows = []
+    for w in MODELS:
+        for ex in (tp16(tokens, w), all_gather_ep(tokens, w), all_to_all_ep(tokens, w),
+                   mc2_ep(tokens, w, int8_dispatch=False), mc2_ep(tokens, w, int8_dispatch=True)):
+            rows.append(ex.row(tokens, w))
+        base = rows[-5]["KiB_per_served_token"]
+        for r in rows[-5:]:
+            r["vs_TP16"] = r["KiB_per_served_token"] / base
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["| model | tokens/engine | exchange | built | calls/layer | MiB sent/layer/rank | "
+           "MiB sent/step/rank | KiB/served token/layer | vs TP16 per token | host reads/layer |",
+           "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['model']} | {r['tokens']} | {r['layout']} | "
+                   f"{'yes' if r['built'] else 'projection'} | {r['calls']} | "
+                   f"{r['MiB_sent_per_layer']:.2f} | {r['MiB_sent_per_step']:.1f} | "
+                   f"{r['KiB_per_served_token']:.1f} | {r['vs_TP16']:.2f} | {r['host_reads']} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, nargs="+", default=[16, 256, 4096])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows = [r for t in args.tokens for r in table(t)]
+    print(json.dumps(rows, indent=1) if args.json else markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

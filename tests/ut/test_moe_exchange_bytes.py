@@ -1,0 +1,46 @@
+"""The MoE exchange byte counts (benchmarks/moe_exchange_bytes.py) against sums done by
+hand for a small width."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "moe_exchange_bytes",
+    Path(__file__).resolve().parents[2] / "benchmarks" / "moe_exchange_bytes.py")
+bench = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = bench          # its dataclasses look their module up
+_spec.loader.exec_module(bench)
+
+SMALL = bench.Widths("small", hidden=4, experts=2, top_k=2, moe_layers=3)
+
+
+def test_tp16_is_one_ring_all_reduce():
+    # 8 tokens x 4 x 2 bytes = 64 bytes; a ring all-reduce over 16 ranks sends 2 * 15/16 of it
+    ex = bench.tp16(8, SMALL)
+    assert (ex.calls, ex.bytes_sent) == (1, 120.0)
+
+
+def test_the_all_gather_exchange_counts_its_four_calls():
+    # DP all-gather of 2 engines x 8 tokens x (4 hidden + 2 logits) x 2 bytes = 192: sends 96;
+    # DP reduce-scatter of 2 x 8 x 4 x 2 = 128: sends 64; TP8 all-reduce of 64: 2 * 7/8 * 64 = 112
+    ex = bench.all_gather_ep(8, SMALL)
+    assert (ex.calls, ex.bytes_sent, ex.host_reads) == (4, 96 + 64 + 112, 0)
+    row = ex.row(8, SMALL)
+    assert row["KiB_per_served_token"] == pytest.approx(272 / 16 / 1024)
+    assert row["MiB_sent_per_step"] == pytest.approx(3 * 272 / 2**20)
+
+
+def test_all_to_all_sends_each_remote_row_twice_and_mc2_can_send_it_in_int8():
+    # 8 tokens / TP8 = 1 token, 2 rows, 15/16 remote: 1.875 rows of 4 x 2 bytes each way
+    rows = 1.875
+    counts = 15 / 16 * 2 * 8
+    tp_gather = 7 / 8 * 8 * 4 * 2
+    assert bench.all_to_all_ep(8, SMALL).bytes_sent == pytest.approx(
+        counts + 2 * rows * 8 + tp_gather)
+    assert bench.mc2_ep(8, SMALL, int8_dispatch=True).bytes_sent == pytest.approx(
+        rows * (4 + 4) + rows * 8 + tp_gather)
