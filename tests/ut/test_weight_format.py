@@ -12,6 +12,8 @@ from vllm.platforms import current_platform
 from vllm_ascend_ext.attention.sfa.projections import SfaProjections
 from vllm_ascend_ext.attention.sfa.weights import prepare
 from vllm_ascend_ext.contract.harness import ContractViolation
+from vllm_ascend_ext.moe.expert_shard import ExpertShard
+from vllm_ascend_ext.moe.routing import SOFTMAX, RoutingPlan
 from vllm_ascend_ext.moe.w8a8 import AscendW8A8FusedMoEMethod
 from vllm_ascend_ext.ops.format import (
     ACL_FORMAT_FRACTAL_NZ,
@@ -101,6 +103,7 @@ def test_w8a8_experts_take_the_family_format_after_the_transpose(soc, name):
                 torch.zeros(*shape[:2], 1), requires_grad=False))
     method = object.__new__(AscendW8A8FusedMoEMethod)      # only the weight hook is exercised
     method.prefix, method.dummy = "m.experts", False
+    method.plan, method.shard = RoutingPlan(SOFTMAX, 2, e), ExpertShard(e, e)
     method.weight_format = quantized_weight_format(from_name(name).family)
     method.process_weights_after_loading(layer)
     for stem in ("w13", "w2"):
