@@ -13,15 +13,18 @@ No timing. Layouts (one Atlas 800 pair, 16 NPUs):
   the MoE output over the 16 ranks (one call).
 - **DP2 x TP8 + EP16, all-gather exchange** (built: ``--enable-expert-parallel``, the
   plugin's MoE methods with vLLM's all-gather / reduce-scatter through
-  ``AscendCommunicator``): ``all_gatherv`` of the hidden states and of the router logits
-  over the DP group (two calls: the communicator gathers a list tensor by tensor), every
-  rank computes its 16 experts for both engines' tokens, ``reduce_scatterv`` of the
-  partial outputs over DP, then vLLM's all-reduce over TP8.
+  ``AscendCommunicator``). With DP > 1 and TP > 1 vLLM runs the MoE layers
+  sequence-parallel (``use_sequence_parallel_moe``): each TP rank keeps 1/8 of its engine's
+  tokens; ``all_gatherv`` of those rows' hidden states and router logits over the 16-rank
+  EP group (two calls: the communicator gathers a list tensor by tensor), every rank
+  computes its 16 experts for all 16 slices, ``reduce_scatterv`` of the partial outputs
+  over the EP group, and the model all-gathers its engine's tokens over TP8.
 - **DP2 x TP8 + EP16, all-to-all** (not built: a projection of vllm-ascend's
   ``TokenDispatcherWithAll2AllV``): each TP rank dispatches 1/8 of its engine's tokens;
   every (token, k) row goes to the rank owning its expert (the share that stays local is
-  ``1/16``), counts exchanged first (a host read of them follows on the NPU), the rows
-  come back the same way, and an all-gather over TP8 restores the engine's tokens.
+  ``1/16``); first every rank's per-expert counts are all-gathered over the EP group and
+  two split lists read to the host; the rows come back the same way, and an all-gather
+  over TP8 restores the engine's tokens.
 - **MC2** (not built: ``npu_moe_distribute_dispatch_v2`` / ``combine_v2``, A3): the same
   rows as all-to-all in two fused kernels, the dispatched rows int8 with a float32 scale
   per row when the experts are W8A8 (its ``quant_mode=2``).
@@ -89,9 +92,11 @@ def tp16(tokens: int, w: Widths) -> Exchange:
 
 
 def all_gather_ep(tokens: int, w: Widths) -> Exchange:
-    gathered = DP * tokens * (w.hidden + w.experts) * BF16          # hidden + router logits
-    sent = (ring_gather(gathered, DP) + ring_gather(DP * tokens * w.hidden * BF16, DP)
-            + ring_all_reduce(tokens * w.hidden * BF16, TP))
+    # sequence parallel: each of the 16 ranks contributes tokens / TP rows
+    every_row = DP * tokens
+    gathered = every_row * (w.hidden + w.experts) * BF16            # hidden + router logits
+    sent = (ring_gather(gathered, RANKS) + ring_gather(every_row * w.hidden * BF16, RANKS)
+            + ring_gather(tokens * w.hidden * BF16, TP))
     return Exchange("DP2xTP8+EP16 all-gather", True, 4, sent, 0, DP)
 
 
@@ -101,11 +106,11 @@ def _remote_rows(tokens: int, w: Widths) -> float:
 
 
 def all_to_all_ep(tokens: int, w: Widths) -> Exchange:
-    counts = ring_gather(w.experts * 8, RANKS)        # an int64 count per expert, all-to-all
+    counts = (RANKS - 1) * w.experts * 8   # its int64 count per expert, to every other rank
     rows = _remote_rows(tokens, w)
     sent = (counts + 2 * rows * w.hidden * BF16
             + ring_gather(tokens * w.hidden * BF16, TP))
-    return Exchange("DP2xTP8+EP16 all-to-all", False, 4, sent, 1, DP)
+    return Exchange("DP2xTP8+EP16 all-to-all", False, 4, sent, 2, DP)
 
 
 def mc2_ep(tokens: int, w: Widths, *, int8_dispatch: bool) -> Exchange:

@@ -2,7 +2,7 @@
 vLLM documents offline data parallelism (``VLLM_DP_RANK`` ... in each process, one
 engine each, meeting in the MoE layers), and print one JSON line of results.
 
-    python tests/e2e/run_dp.py --dp N [--ep] [--model qwen-moe] [--dtype float32]
+    python tests/e2e/run_dp.py --dp N [--tp M] [--ep] [--model qwen-moe] [--dtype float32]
                                [--drop-combine-sum] [--swap-expert-shard]
 
 The prompts are split unevenly (rank 0 takes most of them, and rank 1's finish early), so
@@ -106,13 +106,13 @@ def _rank(rank: int, dp: int, port: int, args: dict, queue) -> None:
     from vllm_ascend_ext.cli.plugin_commands import _tiny_paths
 
     llm = LLM(model=_tiny_paths()[args["model"]](), dtype=args["dtype"], seed=0,
-              max_model_len=512, enforce_eager=True, **extra)
+              max_model_len=512, enforce_eager=True, tensor_parallel_size=args["tp"], **extra)
     mine = _shares(dp)[rank]
     params = [SamplingParams(max_tokens=MAX_TOKENS[i], temperature=0.0, logprobs=1,
                              ignore_eos=True) for i in mine]
     outs = llm.generate([PROMPTS[i] for i in mine], params, use_tqdm=False)
-    engine = llm.collective_rpc(_facts)[0]
-    queue.put((rank, engine, {i: [o.outputs[0].token_ids,
+    workers = llm.collective_rpc(_facts)        # one per TP rank of this engine
+    queue.put((rank, workers, {i: [o.outputs[0].token_ids,
                                   [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids,
                                                                    o.outputs[0].logprobs)]]
                               for i, o in zip(mine, outs)}))
@@ -154,6 +154,7 @@ def main() -> None:
     ap.add_argument("--dp", type=int, default=2)
     ap.add_argument("--model", default="qwen-moe")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallel ranks per engine")
     ap.add_argument("--ep", action="store_true")
     ap.add_argument("--drop-combine-sum", action="store_true")
     ap.add_argument("--swap-expert-shard", action="store_true")
@@ -176,8 +177,8 @@ def main() -> None:
     outputs = {i: v for _, _, part in ranks for i, v in part.items()}
     order = sorted(outputs, key=int)
     print("RESULT " + json.dumps({
-        "engine": {k: ranks[0][1][k] for k in ("worker", "runner", "runtime")},
-        "ranks": [engine for _, engine, _ in ranks],
+        "engine": {k: ranks[0][1][0][k] for k in ("worker", "runner", "runtime")},
+        "ranks": [worker for _, workers, _ in ranks for worker in workers],
         "tokens": [outputs[i][0] for i in order],
         "logprobs": [outputs[i][1] for i in order]}), flush=True)
 

@@ -51,9 +51,10 @@ def test_tp2_ep2_equals_one_engine_and_a_dropped_all_reduce_changes_the_tokens(r
 
 
 @pytest.mark.xdist_group("parallel")
-@pytest.mark.parametrize("model,ep", [("qwen-moe", False), ("dsa-w8a8", True)],
-                         ids=["qwen-moe", "dsa-w8a8-ep2"])
-def test_dp2_moe_equals_one_engine(reference, model, ep):
+@pytest.mark.parametrize("model,tp,ep", [("qwen-moe", 1, False), ("dsa-w8a8", 1, True),
+                                         ("qwen-moe", 2, True)],
+                         ids=["qwen-moe", "dsa-w8a8-ep2", "qwen-moe-tp2-ep4"])
+def test_dp2_moe_equals_one_engine(reference, model, tp, ep):
     """Two DP engines (one process each, as vLLM documents offline DP) with uneven work:
     rank 0 decodes three prompts, rank 1 one short prompt and then vLLM's dummy batches.
     Their MoE layers meet through the communicator's token exchange (all-gather of the
@@ -61,15 +62,21 @@ def test_dp2_moe_equals_one_engine(reference, model, ep):
     same greedy tokens and logprobs within fp32 noise as one engine running all four
     prompts. Tiny Qwen MoE (FIA): the experts split over DP x TP by intermediate size.
     Tiny DeepSeek-V3.2 W8A8 (SFA, DsaMoE, int8 experts) with expert parallelism: each rank
-    computes its 2 of the 4 experts for both ranks' tokens."""
+    computes its 2 of the 4 experts for both ranks' tokens. Tiny Qwen MoE on DP2 x TP2 with
+    expert parallelism over the four ranks: vLLM runs the MoE layers sequence-parallel
+    (each TP rank takes half its engine's tokens, the EP group exchanges the halves, the
+    model all-gathers over TP), each rank computing 2 of the 8 experts."""
     one = reference(model)
-    two = run_script("run_dp.py", "--dp", "2", "--model", model, *(["--ep"] if ep else []),
-                     emulate=True)
-    assert [r["dp_rank"] for r in two["ranks"]] == [0, 1]
+    two = run_script("run_dp.py", "--dp", "2", "--tp", str(tp), "--model", model,
+                     *(["--ep"] if ep else []), emulate=True)
+    assert [(r["dp_rank"], r["tp_rank"]) for r in two["ranks"]] == [
+        (d, t) for d in range(2) for t in range(tp)]
     assert all(r["ep_communicator"] == "AscendCommunicator" for r in two["ranks"])
     shards = [r["expert_shard"] for r in two["ranks"]]
-    assert shards == (["experts [0, 2) of 4", "experts [2, 4) of 4"] if ep
-                      else ["all 8 experts"] * 2)
+    want = {"qwen-moe": ["all 8 experts"] * 2,
+            "dsa-w8a8": ["experts [0, 2) of 4", "experts [2, 4) of 4"],
+            "qwen-moe-tp2-ep4": [f"experts [{2 * r}, {2 * r + 2}) of 8" for r in range(4)]}
+    assert shards == want[model if tp == 1 else "qwen-moe-tp2-ep4"]
     assert two["tokens"] == one["tokens"]
     assert _max_lp_diff(one, two) < 1e-4
 
@@ -93,14 +100,16 @@ def test_dp2_ep2_w8a8_in_contract_mode_has_no_violation():
 
 
 @pytest.mark.xdist_group("parallel")
-@pytest.mark.parametrize("control", ["--drop-combine-sum", "--swap-expert-shard"])
-def test_dp2_negative_controls_change_the_tokens(reference, control):
-    """Negative controls: each rank keeps its own slice of the partial expert outputs
-    without the other rank's share (DP2); each rank computes its expert weights as the
-    other rank's experts (DP2 + EP2)."""
-    args = ["--dp", "2", control, *(["--ep"] if control == "--swap-expert-shard" else [])]
-    broken = run_script("run_dp.py", *args, emulate=True)
-    if control == "--swap-expert-shard":
-        assert [r["expert_shard"] for r in broken["ranks"]] == ["experts [4, 8) of 8",
-                                                                "experts [0, 4) of 8"]
-    assert broken["tokens"] != reference("qwen-moe")["tokens"]
+@pytest.mark.parametrize("model,control", [("qwen-moe", "--drop-combine-sum"),
+                                           ("dsa-w8a8", "--swap-expert-shard")])
+def test_dp2_negative_controls_change_the_tokens(reference, model, control):
+    """Negative controls of the two DP runs above: each rank keeps its own slice of the
+    partial expert outputs without the other rank's share (Qwen MoE, DP2); each rank
+    computes its expert weights as the other rank's experts (DeepSeek-V3.2 W8A8, DP2 + EP2)."""
+    ep = control == "--swap-expert-shard"
+    broken = run_script("run_dp.py", "--dp", "2", "--model", model, control,
+                        *(["--ep"] if ep else []), emulate=True)
+    if ep:
+        assert [r["expert_shard"] for r in broken["ranks"]] == ["experts [2, 4) of 4",
+                                                                "experts [0, 2) of 4"]
+    assert broken["tokens"] != reference(model)["tokens"]

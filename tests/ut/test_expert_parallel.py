@@ -3,7 +3,7 @@ expert map gives it (``moe/expert_shard.py``), and the ranks' shares sum to the 
 layer. Maps come from vLLM's own ``determine_expert_map`` (linear and round-robin
 placement); the whole layer is an explicit float64 loop written here; the W8A8 paths (fused
 and unfused) are compared with their unsharded selves. Negative controls: a rank computing
-with another rank's shard, and a shard that keeps foreign pairs' weights."""
+with another rank's shard, and a layer that does not clear the foreign rows."""
 
 from __future__ import annotations
 
@@ -92,9 +92,10 @@ def test_a_rank_with_another_ranks_shard_is_wrong():
     assert (swapped - right).abs().max() > 0.1
 
 
-def test_the_unpermute_gets_a_full_permutation_cleared_foreign_rows_and_zero_weights():
+def test_the_unpermute_gets_a_full_permutation_and_cleared_foreign_rows():
     """What torch-npu documents for npu_moe_token_unpermute: indices a permutation of
-    [0, N*K) (no -1); the rows past the local groups (foreign pairs) zero, their weights zero."""
+    [0, N*K) (no -1); the rows past the local groups (the foreign pairs', NaN out of the
+    grouped matmul's reference as they are undefined on the NPU) cleared to zero."""
     x, weights, ids, w13, w2 = _problem()
     shard, owned = _shards(2, "round_robin")[1]
     seen = {}
@@ -115,7 +116,7 @@ def test_the_unpermute_gets_a_full_permutation_cleared_foreign_rows_and_zero_wei
     assert sorted(seen["row_idx"].tolist()) == list(range(T * K))
     assert torch.equal(seen["row_idx"].view(T, K) >= local, foreign)   # foreign rows last
     assert not seen["down"][local:].any() and seen["down"][:local].abs().sum(1).min() > 0
-    assert torch.equal(seen["probs"] == 0, foreign)
+    assert torch.equal(seen["probs"], weights)
 
 
 @pytest.mark.parametrize("placement", ["linear", "round_robin"])
@@ -141,12 +142,14 @@ def test_w8a8_ranks_sum_to_the_unsharded_layer(placement, fused):
                 for shard, o in _shards(2, placement))
     # each rank's output is rounded to bf16 before the sum: bf16 noise, not int8 noise
     torch.testing.assert_close(total, whole, rtol=2e-2, atol=2e-2 * whole.abs().max().item())
-    swapped = run(w13[:5], s13[:5], w2[:5], s2[:5], _shards(2, "linear")[1][0]).double()
-    assert (swapped - run(w13[5:], s13[5:], w2[5:], s2[5:], _shards(2, "linear")[1][0]).double()
-            ).abs().max() > 0.1 * whole.abs().max()
+    # negative control: rank 0's experts computed as rank 1's
+    (zero, _), (one, _) = _shards(2, "linear")
+    mine = run(w13[:5], s13[:5], w2[:5], s2[:5], zero).double()
+    swapped = run(w13[:5], s13[:5], w2[:5], s2[:5], one).double()
+    assert (swapped - mine).abs().max() > 0.1 * whole.abs().max()
 
 
-def test_sharding_adds_eight_calls_per_layer_whatever_the_placement():
+def test_sharding_adds_six_calls_per_layer_whatever_the_placement():
     x, weights, ids, w13, w2 = _problem(dtype=torch.float32)
 
     def calls(shard, owned):
@@ -155,7 +158,16 @@ def test_sharding_adds_eight_calls_per_layer_whatever_the_placement():
         return sum(c.total().values())
 
     whole = calls(None, list(range(E)))
-    assert calls(*_shards(2, "linear")[0]) == calls(*_shards(2, "round_robin")[0]) == whole + 8
+    assert calls(*_shards(2, "linear")[0]) == calls(*_shards(2, "round_robin")[0]) == whole + 6
+
+
+def test_without_clearing_the_foreign_rows_the_layer_is_nan(monkeypatch):
+    """The protection is visible: rows past the groups are undefined (NaN here)."""
+    x, weights, ids, w13, w2 = _problem()
+    shard, owned = _shards(2, "linear")[0]
+    monkeypatch.setattr(ExpertShard, "clear_foreign_rows", lambda self, rows, counts: rows)
+    out = experts.routed_experts(x, weights, ids, w13[owned], w2[owned], shard)
+    assert out.isnan().any()
 
 
 @pytest.mark.parametrize("emap,local,message", [

@@ -26,21 +26,23 @@ def test_tp16_is_one_ring_all_reduce():
 
 
 def test_the_all_gather_exchange_counts_its_four_calls():
-    # DP all-gather of 2 engines x 8 tokens x (4 hidden + 2 logits) x 2 bytes = 192: sends 96;
-    # DP reduce-scatter of 2 x 8 x 4 x 2 = 128: sends 64; TP8 all-reduce of 64: 2 * 7/8 * 64 = 112
+    """DP2 x TP8 + EP16, sequence parallel: 16 ranks hold 1 token each (8 / TP8)."""
+    # all-gather over 16 of 16 rows x (4 hidden + 2 logits) x 2 bytes = 192: in a ring a
+    # rank sends 15/16 of it, 180; reduce-scatter over 16 of 16 rows x 4 x 2 = 128: 120; TP8 all-gather of 8 x 4 x 2
+    # = 64: 56
     ex = bench.all_gather_ep(8, SMALL)
-    assert (ex.calls, ex.bytes_sent, ex.host_reads) == (4, 96 + 64 + 112, 0)
+    assert (ex.calls, ex.bytes_sent, ex.host_reads) == (4, 180 + 120 + 56, 0)
     row = ex.row(8, SMALL)
-    assert row["KiB_per_served_token"] == pytest.approx(272 / 16 / 1024)
-    assert row["MiB_sent_per_step"] == pytest.approx(3 * 272 / 2**20)
+    assert row["KiB_per_served_token"] == pytest.approx(356 / 16 / 1024)
+    assert row["MiB_sent_per_step"] == pytest.approx(3 * 356 / 2**20)
 
 
 def test_all_to_all_sends_each_remote_row_twice_and_mc2_can_send_it_in_int8():
-    # 8 tokens / TP8 = 1 token, 2 rows, 15/16 remote: 1.875 rows of 4 x 2 bytes each way
-    rows = 1.875
-    counts = 15 / 16 * 2 * 8
-    tp_gather = 7 / 8 * 8 * 4 * 2
-    assert bench.all_to_all_ep(8, SMALL).bytes_sent == pytest.approx(
-        counts + 2 * rows * 8 + tp_gather)
+    # one token per rank (8 / TP8), 2 rows, each remote with probability 15/16: 1.875 rows of
+    # 4 x 2 bytes each way; the counts: 2 int64 to each of 15 ranks = 240 bytes;
+    # TP8 all-gather of 8 x 4 x 2 = 64: 56
+    assert bench.all_to_all_ep(8, SMALL).bytes_sent == pytest.approx(240 + 2 * 15 + 56)
+    assert bench.all_to_all_ep(8, SMALL).host_reads == 2
+    # MC2 with int8 dispatch: 1.875 x (4 + 4 scale bytes) out, 1.875 x 8 back
     assert bench.mc2_ep(8, SMALL, int8_dispatch=True).bytes_sent == pytest.approx(
-        rows * (4 + 4) + rows * 8 + tp_gather)
+        15 + 15 + 56)

@@ -279,18 +279,24 @@ def test_token_unpermute_gathers_token_major_and_undoes_init_routing(tokens, k, 
     torch.testing.assert_close(back, x)
 
 
-def test_grouped_matmul_groups_end_within_the_rows_and_leave_the_rest_zero():
-    """Groups ending before M (expert parallelism: the rank's experts only) compute their
-    rows and leave the others zero; groups past M are refused."""
+def test_grouped_matmul_groups_end_before_the_rows_only_under_expert_parallelism():
+    """Groups must cover the rows (the documented form); inside groups_may_end_early()
+    (expert parallelism) they may end before them, and the rows past them are NaN
+    (undefined on the NPU); groups past the rows are always refused."""
+    from vllm_ascend_ext.ops.grouped_matmul import groups_may_end_early
+
     x, w = torch.randn(5, 4, dtype=torch.float64), torch.randn(2, 4, 3, dtype=torch.float64)
-    out = npu_grouped_matmul([x], [w], group_list=torch.tensor([2, 2]), split_item=2,
-                             group_type=0, group_list_type=1)[0]
+    short = dict(group_list=torch.tensor([2, 2]), split_item=2, group_type=0, group_list_type=1)
+    with pytest.raises(ValueError, match="must cover x's 5 rows exactly"):
+        npu_grouped_matmul([x], [w], **short)
+    with groups_may_end_early():
+        out = npu_grouped_matmul([x], [w], **short)[0]
+        with pytest.raises(ValueError, match="must cover x's 5 rows exactly"):
+            npu_grouped_matmul([x], [w], group_list=torch.tensor([3, 3]), split_item=2,
+                               group_type=0, group_list_type=1)
     torch.testing.assert_close(out[:2], x[:2] @ w[0])
     torch.testing.assert_close(out[2:4], x[2:4] @ w[1])
-    assert torch.equal(out[4], torch.zeros(3, dtype=torch.float64))
-    with pytest.raises(ValueError, match="must lie within x's 5 rows"):
-        npu_grouped_matmul([x], [w], group_list=torch.tensor([3, 3]), split_item=2,
-                           group_type=0, group_list_type=1)
+    assert out[4].isnan().all()
 
 
 def _official(name, *args, **kwargs):

@@ -23,6 +23,7 @@ from vllm_ascend_ext.contract.rules import (
     when,
 )
 from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ
+from vllm_ascend_ext.ops.grouped_matmul import groups_end_early_allowed
 
 F16, BF16, F32, I8, I32, I64 = (torch.float16, torch.bfloat16, torch.float32, torch.int8,
                                 torch.int32, torch.int64)
@@ -52,10 +53,10 @@ def _group_list_covers_x(call: Call) -> str | None:
     if groups is None or groups.device.type == "meta" or len(xs) != 1:
         return None
     rows = int(groups.sum()) if call.values.get("group_list_type") == 1 else int(groups[-1])
-    if rows < xs[0].shape[0]:
+    if rows < xs[0].shape[0] and groups_end_early_allowed():
         # Expert parallelism: x is every (token, k) pair's row, the groups count this rank's
-        # experts only; vllm-ascend's all-gather, all-to-all and MC2 dispatchers all call
-        # the kernel so on A2/A3. The rows past the groups are never read.
+        # experts only; vllm-ascend's all-gather and MC2 dispatchers call the kernel so on
+        # A2/A3. The rows past the groups are cleared before anything reads them.
         return Departure("groups ending before x's rows (expert parallelism)")
     if rows != xs[0].shape[0]:
         return f"the groups hold {rows} rows; x has {xs[0].shape[0]}"

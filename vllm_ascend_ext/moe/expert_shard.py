@@ -14,19 +14,21 @@ and the grouped matmuls run on local slots, kept within what torch-npu 2.13 docu
   documents "取值范围是[0, tokens_num * topK_num - 1]，且没有重复索引": no ``-1``), the
   foreign pairs' rows last, counted in group ``L``;
 - the grouped matmuls take the first ``L`` counts: their groups end before the ``N*K``
-  rows, a departure from ``npu_grouped_matmul``'s documentation that every expert-parallel
-  dispatcher of vllm-ascend makes on A2/A3 (contract mode counts it, ``contract/moe_rules.py``);
-  ``npu_grouped_matmul_swiglu_quant`` documents the rows past its groups as dirty data to be
-  cut off;
-- the rows past the local groups are cleared (``where`` on the row number against the
-  local count: the "截断" that documentation asks for, so no undefined value reaches the
-  sum) and the foreign pairs' routing weights are zeroed before ``npu_moe_token_unpermute``.
+  rows, a departure from ``npu_grouped_matmul``'s documentation (an exact cover) that
+  vllm-ascend's all-gather and MC2 dispatchers make on A2/A3. The plugin makes it only
+  inside ``groups_may_end_early()`` (``ops/grouped_matmul.py``), where contract mode counts
+  it as a departure instead of a violation; ``npu_grouped_matmul_swiglu_quant`` documents
+  the rows past its groups as dirty data to be cut off;
+- the rows past the local groups (the foreign pairs') are cleared before
+  ``npu_moe_token_unpermute`` (``where`` on the row number against the local count: the
+  "截断" that documentation asks for), so no undefined value reaches the sum and the
+  foreign pairs add zero whatever their routing weights.
 
-Eight calls per layer more than a rank with every expert (the id gather; the group
-slice; sum, arange, compare, where; the weight gather and multiply: counted in
-``tests/ut/test_expert_parallel.py``), all on the device, no host read. Tokens routed to other ranks' experts contribute nothing here; vLLM sums the ranks'
-partial outputs (its all-reduce, or the DP combine through the plugin's communicator) as
-for its own EP kernels.
+Six calls per layer more than a rank with every expert (the id gather; the group slice;
+sum, arange, compare, where: counted in ``tests/ut/test_expert_parallel.py``), all on the
+device, no host read. Tokens routed to other ranks' experts contribute nothing here; vLLM
+sums the ranks' partial outputs (its all-reduce, or the DP / sequence-parallel combine
+through the plugin's communicator) as for its own EP kernels.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ class ExpertShard:
     global_experts: int
     local_experts: int
     remap: torch.Tensor | None = None     # [E] int32: global id -> local slot, L if foreign
-    owned: torch.Tensor | None = None     # [E] float32: 1 for this rank's experts
     start: int | None = None              # first global id when the experts are a block
 
     @property
@@ -76,15 +77,11 @@ class ExpertShard:
         number = torch.arange(rows.shape[0], device=rows.device)
         return torch.where((number < kept)[:, None], rows, 0.0)
 
-    def masked_weights(self, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The routing weights with the pairs of other ranks' experts zeroed."""
-        return weights * self.owned[ids] if self.is_sharded else weights
-
     def to(self, device) -> ExpertShard:
         if not self.is_sharded:
             return self
         return ExpertShard(self.global_experts, self.local_experts, self.remap.to(device),
-                           self.owned.to(device), self.start)
+                           self.start)
 
     def describe(self) -> str:
         if not self.is_sharded:
@@ -123,5 +120,4 @@ def expert_shard(layer_name: str, expert_map: torch.Tensor | None, global_expert
     block = torch.equal(owned, torch.arange(start, start + local_experts)) and torch.equal(
         slots, torch.arange(local_experts))
     remap = torch.where(emap >= 0, emap, local_experts).to(torch.int32)
-    return ExpertShard(global_experts, local_experts, remap, (emap >= 0).float(),
-                       start if block else None)
+    return ExpertShard(global_experts, local_experts, remap, start if block else None)

@@ -28,11 +28,18 @@ are permuted last and contribute nothing, so the result is this rank's share of 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from vllm_ascend_ext.moe.expert_shard import ExpertShard
 from vllm_ascend_ext.moe.routing import GATING, RoutingPlan
-from vllm_ascend_ext.ops.grouped_matmul import DTYPE_ENUM, npu_grouped_matmul, npu_swiglu
+from vllm_ascend_ext.ops.grouped_matmul import (
+    DTYPE_ENUM,
+    groups_may_end_early,
+    npu_grouped_matmul,
+    npu_swiglu,
+)
 from vllm_ascend_ext.ops.grouped_matmul_swiglu_quant import npu_grouped_matmul_swiglu_quant
 from vllm_ascend_ext.ops.moe_dispatch import npu_moe_init_routing_v2, npu_moe_token_unpermute
 from vllm_ascend_ext.ops.moe_gating import npu_moe_gating_top_k, npu_moe_gating_top_k_softmax
@@ -81,13 +88,14 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     ``shard``, the sum over the pairs whose expert is in it (``w13``/``w2`` hold those
     experts in slot order). ``None``: every expert of ``w13``."""
     shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
-    expanded, row_idx, counts = _dispatch(x, ids, shard)
-    groups = shard.groups(counts)
-    gate_up = npu_grouped_matmul([expanded], [w13], group_list=groups, split_item=2,
-                                 group_type=0, group_list_type=1)[0]
-    down = npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=groups, split_item=2,
-                              group_type=0, group_list_type=1)[0]
-    return _combine(down, row_idx, counts, weights, ids, shard)
+    with _sharded(shard):
+        expanded, row_idx, counts = _dispatch(x, ids, shard)
+        groups = shard.groups(counts)
+        gate_up = npu_grouped_matmul([expanded], [w13], group_list=groups, split_item=2,
+                                     group_type=0, group_list_type=1)[0]
+        down = npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=groups, split_item=2,
+                                  group_type=0, group_list_type=1)[0]
+        return _combine(down, row_idx, counts, weights, shard)
 
 
 def _permute(x: torch.Tensor, ids: torch.Tensor, shard: ExpertShard, quant_mode: int):
@@ -105,10 +113,15 @@ def _dispatch(x: torch.Tensor, ids: torch.Tensor, shard: ExpertShard):
 
 
 def _combine(down: torch.Tensor, row_idx: torch.Tensor, counts: torch.Tensor,
-             weights: torch.Tensor, ids: torch.Tensor, shard: ExpertShard) -> torch.Tensor:
-    """Each token's rows weighted and summed (sharded: foreign rows and weights zeroed)."""
+             weights: torch.Tensor, shard: ExpertShard) -> torch.Tensor:
+    """Each token's rows weighted and summed (sharded: the foreign rows cleared first)."""
     return npu_moe_token_unpermute(shard.clear_foreign_rows(down, counts), row_idx,
-                                   probs=shard.masked_weights(weights, ids))
+                                   probs=weights)
+
+
+def _sharded(shard: ExpertShard):
+    """Where a sharded layer's grouped matmuls may take groups ending before the rows."""
+    return groups_may_end_early() if shard.is_sharded else contextlib.nullcontext()
 
 
 def _quantized_gmm(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -125,11 +138,12 @@ def routed_experts_w8a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     """``routed_experts`` with int8 ``w13 [E, H, 2I]`` / ``w2 [E, I, H]`` and their
     per-output-channel scales ``[E, 2I]`` / ``[E, H]``; activations quantized per row."""
     shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
-    expanded, row_idx, counts = _dispatch(x, ids, shard)
-    groups = shard.groups(counts)
-    gate_up = _quantized_gmm(expanded, w13, w13_scale, groups, x.dtype)
-    down = _quantized_gmm(npu_swiglu(gate_up), w2, w2_scale, groups, x.dtype)
-    return _combine(down, row_idx, counts, weights, ids, shard)
+    with _sharded(shard):
+        expanded, row_idx, counts = _dispatch(x, ids, shard)
+        groups = shard.groups(counts)
+        gate_up = _quantized_gmm(expanded, w13, w13_scale, groups, x.dtype)
+        down = _quantized_gmm(npu_swiglu(gate_up), w2, w2_scale, groups, x.dtype)
+        return _combine(down, row_idx, counts, weights, shard)
 
 
 def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
@@ -141,12 +155,13 @@ def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch
     comes out quantized. ``w13`` must be FRACTAL_NZ (``npu_grouped_matmul_swiglu_quant``
     treats its weight as NZ)."""
     shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
-    rows, row_idx, counts, row_scale = _permute(x, ids, shard, quant_mode=1)
-    # The fused GEMM takes the groups' running sums (vllm-ascend: cumsum_group_list(.., 0)).
-    groups = shard.groups(counts)
-    act, act_scale, _ = npu_grouped_matmul_swiglu_quant(rows, w13, groups.cumsum(0), w13_scale,
-                                                        row_scale)
-    down = npu_grouped_matmul([act], [w2], scale=[w2_scale], per_token_scale=[act_scale],
-                              group_list=groups, split_item=2, group_type=0, group_list_type=1,
-                              output_dtype=DTYPE_ENUM[x.dtype])[0]
-    return _combine(down, row_idx, counts, weights, ids, shard)
+    with _sharded(shard):
+        rows, row_idx, counts, row_scale = _permute(x, ids, shard, quant_mode=1)
+        # The fused GEMM takes the groups' running sums (vllm-ascend: cumsum_group_list(.., 0)).
+        groups = shard.groups(counts)
+        act, act_scale, _ = npu_grouped_matmul_swiglu_quant(rows, w13, groups.cumsum(0), w13_scale,
+                                                            row_scale)
+        down = npu_grouped_matmul([act], [w2], scale=[w2_scale], per_token_scale=[act_scale],
+                                  group_list=groups, split_item=2, group_type=0, group_list_type=1,
+                                  output_dtype=DTYPE_ENUM[x.dtype])[0]
+        return _combine(down, row_idx, counts, weights, shard)

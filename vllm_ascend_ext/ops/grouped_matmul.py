@@ -10,12 +10,12 @@ Semantics (torch-npu 2.13.0 ``_op_plugin_docs.py`` and its Meta kernels):
   ``group_type=0`` (groups along M), ``split_item`` 2 or 3 (one output ``[M, N]``), and a
   tensor ``group_list`` of E entries: the group sizes (``group_list_type=1``) or their
   running sums (0, the last equal to M). Group ``e`` is rows ``[end_{e-1}, end_e)`` times
-  ``weight[e]``. The documentation asks the groups to cover M exactly; under expert
+  ``weight[e]``. The documentation asks the groups to cover M exactly. Under expert
   parallelism the plugin passes the permutation's ``N*K`` rows with only the rank's
-  experts counted (the groups end before M), as every expert-parallel dispatcher of
-  vllm-ascend does on A2/A3: the reference takes groups ending at or before M and leaves
-  the rows past them zero (undefined on the NPU; nothing reads them: their pairs carry a
-  ``-1`` gather index and a zero weight). W8A8 (per-channel ``scale`` with
+  experts counted, so the groups end before M (vllm-ascend's all-gather and MC2
+  dispatchers call the kernel so on A2/A3): only inside ``groups_may_end_early()`` does the
+  reference take such groups, and it fills the rows past them with NaN (undefined on the
+  NPU), so a caller that reads them is caught; elsewhere it refuses them. W8A8 (per-channel ``scale`` with
   ``per_token_scale``, int8 ``x``/``weight``): ``y = (x @ w) * scale_e[n] *
   per_token_scale[m]`` in ``output_dtype``. Activations, anti-quantisation, offsets and the
   N/K splits are not emulated.
@@ -23,6 +23,9 @@ Semantics (torch-npu 2.13.0 ``_op_plugin_docs.py`` and its Meta kernels):
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
 
 import torch
 
@@ -43,6 +46,24 @@ _UNEMULATED = ("bias", "offset", "antiquant_scale", "antiquant_offset", "activat
 
 
 # ------------------------------------------------------------------ npu_grouped_matmul
+_GROUPS_MAY_END_EARLY = contextvars.ContextVar("ascend_ext_groups_may_end_early", default=False)
+
+
+@contextlib.contextmanager
+def groups_may_end_early(allowed: bool = True):
+    """Calls inside may pass groups ending before x's rows (expert parallelism, the one
+    departure from the documentation the plugin makes on purpose: ``moe/expert_shard.py``)."""
+    token = _GROUPS_MAY_END_EARLY.set(allowed)
+    try:
+        yield
+    finally:
+        _GROUPS_MAY_END_EARLY.reset(token)
+
+
+def groups_end_early_allowed() -> bool:
+    return _GROUPS_MAY_END_EARLY.get()
+
+
 def _check_gmm(x, weight, group_list, split_item, group_type, group_list_type, act_type,
                scale, per_token_scale, output_dtype, unemulated) -> torch.dtype:
     given = [name for name, value in unemulated.items() if value is not None]
@@ -103,12 +124,17 @@ def grouped_matmul_reference(x, weight, *, bias=None, scale=None, offset=None,
     a, w = x[0], weight[0]
     quantized = a.dtype == torch.int8
     work = torch.float64 if torch.float64 in (a.dtype, w.dtype) else torch.float32
-    out = torch.zeros((a.shape[0], w.shape[2]), dtype=work, device=a.device)
     ends = _ends(group_list, group_list_type)
-    if ends[-1] > a.shape[0] or any(b < a_ for a_, b in zip(ends, ends[1:])) or ends[0] < 0:
+    early = groups_end_early_allowed()
+    if (ends[-1] > a.shape[0] or (ends[-1] < a.shape[0] and not early)
+            or any(b < a_ for a_, b in zip(ends, ends[1:])) or ends[0] < 0):
         raise ValueError(f"npu_grouped_matmul: group_list {group_list.tolist()} (type "
-                         f"{group_list_type}) must lie within x's {a.shape[0]} rows, "
-                         "with non-negative group sizes")
+                         f"{group_list_type}) must cover x's {a.shape[0]} rows exactly, "
+                         "with non-negative group sizes (groups ending before the rows: "
+                         "only under expert parallelism)")
+    # rows past the groups: undefined on the NPU, NaN here (int32 output: its extreme)
+    fill = float("nan") if out_dtype.is_floating_point else torch.iinfo(out_dtype).max
+    out = torch.full((a.shape[0], w.shape[2]), fill, dtype=work, device=a.device)
     begin = 0
     for e, end in enumerate(ends):
         if end > begin:
