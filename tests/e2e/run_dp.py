@@ -70,11 +70,7 @@ class WorkerExtension:
     """Nothing of its own: naming it makes vLLM import this module in each worker."""
 
 
-PROMPTS = ["the quick brown fox jumps over the lazy dog and then",
-           "numbers like 1 2 3 and then some more numbers",
-           "a decode step reads every cached token of its request",
-           "hello world this is a test of data parallel serving"]
-MAX_TOKENS = [8, 8, 8, 3]          # the last prompt (rank 1's own) finishes early
+from dp_prompts import MAX_TOKENS, PROMPTS  # noqa: E402  (after the environment above)
 
 
 def _shares(dp: int) -> list[list[int]]:

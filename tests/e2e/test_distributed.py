@@ -6,9 +6,18 @@ reference (run_dp.py --dp 1)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
-from tests.e2e.conftest import run_script
+from tests.e2e.conftest import REPO, child_env, run_script
 
 pytestmark = pytest.mark.e2e
 
@@ -48,6 +57,20 @@ def test_tp2_ep2_equals_one_engine_and_a_dropped_all_reduce_changes_the_tokens(r
     assert _max_lp_diff(one, two) < 1e-4
     broken = run_script("run_tp.py", "--tp", "2", "--ep", "--drop-all-reduce", emulate=True)
     assert broken["tokens"] != one["tokens"]
+
+
+@pytest.mark.xdist_group("parallel")
+def test_tp2_ep2_sparse_attention_equals_one_engine(reference):
+    """Tiny DeepSeek-V3.2 (fp32) on TP2 with expert parallelism: the SFA backend with its
+    heads split over two ranks (the lightning indexer and the sparse attention per rank),
+    DsaMoE with 2 of the 4 experts per rank: the same tokens as one rank, logprobs within
+    fp32 noise."""
+    one = reference("dsa")
+    two = run_script("run_tp.py", "--tp", "2", "--ep", "--model", "dsa", emulate=True)
+    assert [r["expert_shard"] for r in two["ranks"]] == ["experts [0, 2) of 4",
+                                                         "experts [2, 4) of 4"]
+    assert two["tokens"] == one["tokens"]
+    assert _max_lp_diff(one, two) < 1e-4
 
 
 @pytest.mark.xdist_group("parallel")
@@ -113,3 +136,82 @@ def test_dp2_negative_controls_change_the_tokens(reference, model, control):
         assert [r["expert_shard"] for r in broken["ranks"]] == ["experts [2, 4) of 4",
                                                                 "experts [0, 2) of 4"]
     assert broken["tokens"] != reference(model)["tokens"]
+
+
+def _serve(model: str, port: int | None, rpc: int, log, *, headless: bool) -> subprocess.Popen:
+    """One "node" of vLLM's documented multi-node DP: DP2, one local rank each, over
+    loopback; the first serves the API, the second (``--headless``) only its engine."""
+    env = child_env(emulate=True, VLLM_CPU_OMP_THREADS_BIND="nobind")
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")     # as a user's server runs
+    cmd = [sys.executable, "-m", "vllm_ascend_ext", "serve", model, "--dtype", "float32",
+           "--enforce-eager", "--max-model-len", "512", "--seed", "0",
+           "--enable-expert-parallel", "--data-parallel-size", "2",
+           "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
+           "--data-parallel-rpc-port", str(rpc)]
+    cmd += ["--headless", "--data-parallel-start-rank", "1"] if headless else ["--port", str(port)]
+    return subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _complete(port: int, model: str, prompt: str, max_tokens: int) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "logprobs": 1, "ignore_eos": True, "return_tokens_as_token_ids": True}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        lp = json.loads(r.read())["choices"][0]["logprobs"]
+    return {"tokens": [int(t.split(":", 1)[1]) for t in lp["tokens"]],
+            "logprobs": lp["token_logprobs"]}
+
+
+@pytest.mark.xdist_group("parallel")
+def test_two_nodes_on_loopback_serve_dp2_ep2_and_stop_cleanly(reference, tmp_path):
+    """Two processes launched the way vLLM documents multi-node data parallelism (node 0:
+    API server and DP rank 0; node 1: ``--headless``, DP rank 1), talking over loopback,
+    tiny Qwen MoE with expert parallelism: the OpenAI server's greedy completions equal one
+    engine's (the prompts run concurrently, so both ranks' engines get work), and both
+    processes stop cleanly on SIGTERM, the API node first."""
+    from tests.e2e.dp_prompts import MAX_TOKENS, PROMPTS
+    from tests.e2e.nightly.serving import free_port
+    from vllm_ascend_ext.models import tiny_qwen_moe_path
+
+    one = reference("qwen-moe")
+    model, port, rpc = tiny_qwen_moe_path(), free_port(), free_port()
+    logs = [open(tmp_path / f"node{i}.log", "w+") for i in range(2)]
+    nodes = [_serve(model, port, rpc, logs[0], headless=False),
+             _serve(model, None, rpc, logs[1], headless=True)]
+    try:
+        deadline = time.monotonic() + 400
+        while True:
+            assert all(n.poll() is None for n in nodes), _tails(logs)
+            assert time.monotonic() < deadline, "not ready\n" + _tails(logs)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(1)
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            got = list(pool.map(lambda i: _complete(port, model, PROMPTS[i], MAX_TOKENS[i]),
+                                range(len(PROMPTS))))
+        codes = []
+        for node in nodes:                      # the API node first, then the headless one
+            node.send_signal(signal.SIGTERM)
+            codes.append(node.wait(timeout=120))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    assert [g["tokens"] for g in got] == one["tokens"]
+    assert max(abs(a - b) for g, ref in zip(got, one["logprobs"])
+               for a, b in zip(g["logprobs"], ref)) < 1e-4
+    assert codes == [0, 0], _tails(logs)
+    assert "Traceback" not in _tails(logs, 10**6)
+
+
+def _tails(logs, chars: int = 4000) -> str:
+    out = []
+    for log in logs:
+        log.flush()
+        log.seek(0)
+        out.append(log.read()[-chars:])
+    return "\n----\n".join(out)
