@@ -128,7 +128,9 @@ def _facts(wrapper) -> dict:
     if mode.enabled():   # this worker's torch_npu calls, checked by its harness
         h = mode.harness()
         contract = {"calls": dict(h.calls), "violations": h.violations, "summary": h.summary()}
-    return {"contract": contract, "worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
+    return {"contract": contract,
+            "sequence_parallel_moe": worker.vllm_config.parallel_config.use_sequence_parallel_moe,
+            "worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
             "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
             "dp_rank": get_dp_group().rank_in_group, "tp_rank": get_tp_group().rank_in_group,
             "tp_communicator": type(get_tp_group().device_communicator).__name__,

@@ -100,6 +100,7 @@ def test_dp2_moe_equals_one_engine(reference, model, tp, ep):
             "dsa-w8a8": ["experts [0, 2) of 4", "experts [2, 4) of 4"],
             "qwen-moe-tp2-ep4": [f"experts [{2 * r}, {2 * r + 2}) of 8" for r in range(4)]}
     assert shards == want[model if tp == 1 else "qwen-moe-tp2-ep4"]
+    assert all(r["sequence_parallel_moe"] == (tp > 1) for r in two["ranks"])
     assert two["tokens"] == one["tokens"]
     assert _max_lp_diff(one, two) < 1e-4
 
@@ -170,48 +171,82 @@ def test_two_nodes_on_loopback_serve_dp2_ep2_and_stop_cleanly(reference, tmp_pat
     API server and DP rank 0; node 1: ``--headless``, DP rank 1), talking over loopback,
     tiny Qwen MoE with expert parallelism: the OpenAI server's greedy completions equal one
     engine's (the prompts run concurrently, so both ranks' engines get work), and both
-    processes stop cleanly on SIGTERM, the API node first."""
+    processes stop cleanly on SIGTERM, the API node first, leaving no process behind."""
     from tests.e2e.dp_prompts import MAX_TOKENS, PROMPTS
     from tests.e2e.nightly.serving import free_port
     from vllm_ascend_ext.models import tiny_qwen_moe_path
 
     one = reference("qwen-moe")
     model, port, rpc = tiny_qwen_moe_path(), free_port(), free_port()
-    logs = [open(tmp_path / f"node{i}.log", "w+") for i in range(2)]
-    nodes = [_serve(model, port, rpc, logs[0], headless=False),
-             _serve(model, None, rpc, logs[1], headless=True)]
+    paths = [tmp_path / f"node{i}.log" for i in range(2)]
+    nodes, sessions = [], set()
     try:
+        for i, path in enumerate(paths):
+            with open(path, "a") as log:        # the child keeps its own handle
+                nodes.append(_serve(model, port, rpc, log, headless=i == 1))
         deadline = time.monotonic() + 400
         while True:
-            assert all(n.poll() is None for n in nodes), _tails(logs)
-            assert time.monotonic() < deadline, "not ready\n" + _tails(logs)
+            assert all(n.poll() is None for n in nodes), _tails(paths)
+            assert time.monotonic() < deadline, "not ready\n" + _tails(paths)
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                     break
             except OSError:
                 time.sleep(1)
+        sessions = _server_sessions(nodes)
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             got = list(pool.map(lambda i: _complete(port, model, PROMPTS[i], MAX_TOKENS[i]),
                                 range(len(PROMPTS))))
+        time.sleep(5)    # the DP engines finish their wave (dummy batches) before the stop
         codes = []
         for node in nodes:                      # the API node first, then the headless one
             node.send_signal(signal.SIGTERM)
             codes.append(node.wait(timeout=120))
     finally:
+        sessions |= _server_sessions(nodes)
         for node in nodes:
             if node.poll() is None:
-                os.killpg(node.pid, signal.SIGKILL)
+                node.send_signal(signal.SIGTERM)
+                try:
+                    node.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    node.kill()
+        left = _kill_sessions(sessions)
     assert [g["tokens"] for g in got] == one["tokens"]
     assert max(abs(a - b) for g, ref in zip(got, one["logprobs"])
                for a, b in zip(g["logprobs"], ref)) < 1e-4
-    assert codes == [0, 0], _tails(logs)
-    assert "Traceback" not in _tails(logs, 10**6)
+    assert codes == [0, 0], _tails(paths)
+    assert not left, left
+    assert not any("Traceback" in path.read_text() for path in paths), _tails(paths)
 
 
-def _tails(logs, chars: int = 4000) -> str:
-    out = []
-    for log in logs:
-        log.flush()
-        log.seek(0)
-        out.append(log.read()[-chars:])
-    return "\n----\n".join(out)
+def _server_sessions(nodes) -> set[int]:
+    """The sessions of the servers the plugin's supervisors started (each its own)."""
+    import psutil
+
+    found = set()
+    for node in nodes:
+        try:
+            found |= {c.pid for c in psutil.Process(node.pid).children()}
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _kill_sessions(sessions: set[int]) -> list[int]:
+    """Kill what is left of those sessions (a failed start); the pids that were left."""
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getsid(proc.pid) in sessions and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(proc.pid)
+                proc.kill()
+        except (OSError, psutil.Error):
+            pass
+    return left
+
+
+def _tails(paths, chars: int = 4000) -> str:
+    return "\n----\n".join(path.read_text()[-chars:] for path in paths)

@@ -15,7 +15,8 @@ Semantics (torch-npu 2.13.0 ``_op_plugin_docs.py`` and its Meta kernels):
   experts counted, so the groups end before M (vllm-ascend's all-gather and MC2
   dispatchers call the kernel so on A2/A3): only inside ``groups_may_end_early()`` does the
   reference take such groups, and it fills the rows past them with NaN (undefined on the
-  NPU), so a caller that reads them is caught; elsewhere it refuses them. W8A8 (per-channel ``scale`` with
+  NPU), so a caller that mixes them into kept rows or a sum is caught; elsewhere it
+  refuses them. W8A8 (per-channel ``scale`` with
   ``per_token_scale``, int8 ``x``/``weight``): ``y = (x @ w) * scale_e[n] *
   per_token_scale[m]`` in ``output_dtype``. Activations, anti-quantisation, offsets and the
   N/K splits are not emulated.
@@ -132,8 +133,8 @@ def grouped_matmul_reference(x, weight, *, bias=None, scale=None, offset=None,
                          f"{group_list_type}) must cover x's {a.shape[0]} rows exactly, "
                          "with non-negative group sizes (groups ending before the rows: "
                          "only under expert parallelism)")
-    # rows past the groups: undefined on the NPU, NaN here (int32 output: its extreme)
-    fill = float("nan") if out_dtype.is_floating_point else torch.iinfo(out_dtype).max
+    # rows past the groups: undefined on the NPU, NaN here (int32 output: its minimum)
+    fill = float("nan") if out_dtype.is_floating_point else torch.iinfo(out_dtype).min
     out = torch.full((a.shape[0], w.shape[2]), fill, dtype=work, device=a.device)
     begin = 0
     for e, end in enumerate(ends):
