@@ -248,5 +248,7 @@ def _kill_sessions(sessions: set[int]) -> list[int]:
     return left
 
 
-def _tails(paths, chars: int = 4000) -> str:
-    return "\n----\n".join(path.read_text()[-chars:] for path in paths)
+def _tails(paths) -> str:
+    from tests.e2e.nightly.serving import tail
+
+    return "\n----\n".join(tail(path, 60) for path in paths)

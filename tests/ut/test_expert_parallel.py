@@ -165,7 +165,7 @@ def test_without_clearing_the_foreign_rows_the_layer_is_nan(monkeypatch):
     """The protection is visible: rows past the groups are undefined (NaN here)."""
     x, weights, ids, w13, w2 = _problem()
     shard, owned = _shards(2, "linear")[0]
-    monkeypatch.setattr(ExpertShard, "clear_foreign_rows", lambda self, rows, counts: rows)
+    monkeypatch.setattr(ExpertShard, "clear_foreign_rows", lambda self, rows, groups: rows)
     out = experts.routed_experts(x, weights, ids, w13[owned], w2[owned], shard)
     assert out.isnan().any()
 

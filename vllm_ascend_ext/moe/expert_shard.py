@@ -69,11 +69,12 @@ class ExpertShard:
         """The grouped matmuls' group sizes: the local experts' counts."""
         return counts[:self.local_experts] if self.is_sharded else counts
 
-    def clear_foreign_rows(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """``rows`` with every row past the local groups set to zero."""
+    def clear_foreign_rows(self, rows: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        """``rows`` with every row past the local ``groups`` (``self.groups(counts)``) set
+        to zero."""
         if not self.is_sharded:
             return rows
-        kept = self.groups(counts).sum()
+        kept = groups.sum()
         number = torch.arange(rows.shape[0], device=rows.device)
         return torch.where((number < kept)[:, None], rows, 0.0)
 

@@ -28,8 +28,6 @@ are permuted last and contribute nothing, so the result is this rank's share of 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from vllm_ascend_ext.moe.expert_shard import ExpertShard
@@ -88,14 +86,14 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     ``shard``, the sum over the pairs whose expert is in it (``w13``/``w2`` hold those
     experts in slot order). ``None``: every expert of ``w13``."""
     shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
-    with _sharded(shard):
+    with groups_may_end_early(shard.is_sharded):
         expanded, row_idx, counts = _dispatch(x, ids, shard)
         groups = shard.groups(counts)
         gate_up = npu_grouped_matmul([expanded], [w13], group_list=groups, split_item=2,
                                      group_type=0, group_list_type=1)[0]
         down = npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=groups, split_item=2,
                                   group_type=0, group_list_type=1)[0]
-        return _combine(down, row_idx, counts, weights, shard)
+        return _combine(down, row_idx, groups, weights, shard)
 
 
 def _permute(x: torch.Tensor, ids: torch.Tensor, shard: ExpertShard, quant_mode: int):
@@ -112,16 +110,11 @@ def _dispatch(x: torch.Tensor, ids: torch.Tensor, shard: ExpertShard):
     return expanded, row_idx, counts
 
 
-def _combine(down: torch.Tensor, row_idx: torch.Tensor, counts: torch.Tensor,
+def _combine(down: torch.Tensor, row_idx: torch.Tensor, groups: torch.Tensor,
              weights: torch.Tensor, shard: ExpertShard) -> torch.Tensor:
     """Each token's rows weighted and summed (sharded: the foreign rows cleared first)."""
-    return npu_moe_token_unpermute(shard.clear_foreign_rows(down, counts), row_idx,
+    return npu_moe_token_unpermute(shard.clear_foreign_rows(down, groups), row_idx,
                                    probs=weights)
-
-
-def _sharded(shard: ExpertShard):
-    """Where a sharded layer's grouped matmuls may take groups ending before the rows."""
-    return groups_may_end_early() if shard.is_sharded else contextlib.nullcontext()
 
 
 def _quantized_gmm(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -138,12 +131,12 @@ def routed_experts_w8a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     """``routed_experts`` with int8 ``w13 [E, H, 2I]`` / ``w2 [E, I, H]`` and their
     per-output-channel scales ``[E, 2I]`` / ``[E, H]``; activations quantized per row."""
     shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
-    with _sharded(shard):
+    with groups_may_end_early(shard.is_sharded):
         expanded, row_idx, counts = _dispatch(x, ids, shard)
         groups = shard.groups(counts)
         gate_up = _quantized_gmm(expanded, w13, w13_scale, groups, x.dtype)
         down = _quantized_gmm(npu_swiglu(gate_up), w2, w2_scale, groups, x.dtype)
-        return _combine(down, row_idx, counts, weights, shard)
+        return _combine(down, row_idx, groups, weights, shard)
 
 
 def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
@@ -155,13 +148,13 @@ def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch
     comes out quantized. ``w13`` must be FRACTAL_NZ (``npu_grouped_matmul_swiglu_quant``
     treats its weight as NZ)."""
     shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
-    with _sharded(shard):
+    with groups_may_end_early(shard.is_sharded):
         rows, row_idx, counts, row_scale = _permute(x, ids, shard, quant_mode=1)
-        # The fused GEMM takes the groups' running sums (vllm-ascend: cumsum_group_list(.., 0)).
         groups = shard.groups(counts)
+        # The fused GEMM takes the groups' running sums (vllm-ascend: cumsum_group_list(.., 0)).
         act, act_scale, _ = npu_grouped_matmul_swiglu_quant(rows, w13, groups.cumsum(0), w13_scale,
                                                             row_scale)
         down = npu_grouped_matmul([act], [w2], scale=[w2_scale], per_token_scale=[act_scale],
                                   group_list=groups, split_item=2, group_type=0, group_list_type=1,
                                   output_dtype=DTYPE_ENUM[x.dtype])[0]
-        return _combine(down, row_idx, counts, weights, shard)
+        return _combine(down, row_idx, groups, weights, shard)

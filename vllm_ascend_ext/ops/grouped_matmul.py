@@ -52,8 +52,9 @@ _GROUPS_MAY_END_EARLY = contextvars.ContextVar("ascend_ext_groups_may_end_early"
 
 @contextlib.contextmanager
 def groups_may_end_early(allowed: bool = True):
-    """Calls inside may pass groups ending before x's rows (expert parallelism, the one
-    departure from the documentation the plugin makes on purpose: ``moe/expert_shard.py``)."""
+    """Calls inside may pass groups ending before x's rows when ``allowed`` (expert
+    parallelism, the one departure from the documentation the plugin makes on purpose:
+    ``moe/expert_shard.py``); ``allowed=False`` keeps the documented exact cover."""
     token = _GROUPS_MAY_END_EARLY.set(allowed)
     try:
         yield
