@@ -23,6 +23,7 @@ MIXED_SPLIT_CHOICES = ("auto", "on", "off")
 SFA_PREPROCESS_CHOICES = ("auto", "native", "prolog_v3")
 WEIGHT_NZ_CHOICES = ("auto", "off")
 LAYER_OPS_CHOICES = ("fused", "native")
+MOE_DISPATCH_CHOICES = ("auto", "allgather", "mc2")
 
 
 class AscendExtConfigError(AscendExtError):
@@ -48,6 +49,10 @@ class AscendExtConfig:
     weight_nz: str = "auto"
     # RMSNorm / RoPE / SiluAndMul: torch_npu's fused operators, or vLLM's native PyTorch.
     layer_ops: str = "fused"
+    # Expert-parallel token exchange under DP: "auto" takes MC2 where its documented
+    # bounds hold (moe/mc2.py), "allgather" always vLLM's all-gather / reduce-scatter,
+    # "mc2" refuses at model load where MC2 cannot run.
+    moe_dispatch: str = "auto"
 
 
 # One schema drives parsing, errors and the README table (tests/ut/test_readme_ci.py): key -> (type, choices, doc).
@@ -59,6 +64,8 @@ _SCHEMA: dict[str, dict[str, tuple[type, tuple[str, ...] | None, str]]] = {
                       "int8 weights in FRACTAL_NZ (auto: on A2/A3; off: keep ND)"),
         "layer_ops": (str, LAYER_OPS_CHOICES,
                       "RMSNorm, RoPE, SiluAndMul: fused torch_npu ops, or vLLM's native"),
+        "moe_dispatch": (str, MOE_DISPATCH_CHOICES,
+                         "expert-parallel token exchange under DP (auto: MC2 where documented)"),
     },
     "sfa": {
         "preprocess": (str, SFA_PREPROCESS_CHOICES, "SFA preprocessing route"),

@@ -1,7 +1,7 @@
 """Feed bad ``ascend_ext`` configs to vLLM's own engine-config path (emulated).
 
 Prints one JSON line: for each config (then a bad config through ``LLM(...)``, an fp8
-KV cache, data parallelism with a MoE and a dense model, a bad ``ASCEND_EXT_SOC``), the exception type and message raised by
+KV cache, data parallelism with a MoE and a dense model, MC2 forced on an A2, a bad ``ASCEND_EXT_SOC``), the exception type and message raised by
 ``EngineArgs(...).create_engine_config()``, which runs the platform's
 ``check_and_update_config`` before any model weight is loaded.
 """
@@ -53,6 +53,11 @@ def main() -> None:
     # tokens: tests/e2e/test_distributed.py) and for a dense one.
     results.append(attempt(model=tiny_qwen_moe_path(), data_parallel_size=2))
     results.append(attempt(data_parallel_size=2))
+    # MC2 forced where the documentation rules it out (an A2 with 2 EP ranks, fp32, 2048 tokens):
+    # refused naming each reason; "auto" there keeps the all-gather exchange and starts.
+    mc2 = dict(model=tiny_qwen_moe_path(), data_parallel_size=2, enable_expert_parallel=True)
+    results.append(attempt(**mc2, additional_config={"ascend_ext": {"moe_dispatch": "mc2"}}))
+    results.append(attempt(**mc2, additional_config={"ascend_ext": {"moe_dispatch": "auto"}}))
     # The SoC to emulate is read when the config is checked.
     os.environ["ASCEND_EXT_SOC"] = "ascend999"
     results.append(attempt())

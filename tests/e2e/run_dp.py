@@ -4,6 +4,8 @@ engine each, meeting in the MoE layers), and print one JSON line of results.
 
     python tests/e2e/run_dp.py --dp N [--tp M] [--ep] [--model qwen-moe] [--dtype float32]
                                [--drop-combine-sum] [--swap-expert-shard]
+                               [--max-num-batched-tokens T] [--moe-dispatch auto|allgather|mc2]
+                               [--mc2-rotate-experts]
 
 The prompts are split unevenly (rank 0 takes most of them, and rank 1's finish early), so
 the idle rank runs vLLM's dummy batches while the other still decodes. ``--dp 1`` runs
@@ -12,7 +14,8 @@ makes the plugin's communicator keep each rank's own slice in ``reduce_scatterv`
 without summing the other ranks' partial expert outputs; ``--swap-expert-shard`` (with
 ``--ep``) makes each rank compute its own expert weights as the next rank's experts.
 vLLM imports this module in each worker (``worker_extension_cls``), and the import
-applies them there. ``--ep`` turns on expert parallelism (``enable_expert_parallel``).
+applies them there. ``--ep`` turns on expert parallelism (``enable_expert_parallel``). ``--mc2-rotate-experts``
+(negative control of the MC2 dispatcher) dispatches every pair to the expert ``L`` ids on.
 """
 
 from __future__ import annotations
@@ -66,6 +69,21 @@ if _method is not None and not hasattr(_method.expert_shard, "swapped"):
     _method.expert_shard = _neighbours_shard
 
 
+ROTATE = "RUN_DP_MC2_ROTATE_EXPERTS"
+if os.environ.get(ROTATE) == "1":          # in the worker processes, imported by vLLM
+    from vllm_ascend_ext.moe import method as _mc2_method
+
+    if not hasattr(_mc2_method.routed_experts_mc2, "rotated"):
+        _mc2_of = _mc2_method.routed_experts_mc2
+
+        def _rotated(x, weights, ids, w13, w2, plan):
+            """Every pair dispatched to the expert L ids on (the next rank's)."""
+            return _mc2_of(x, weights, (ids + plan.local) % plan.experts, w13, w2, plan)
+
+        _rotated.rotated = True
+        _mc2_method.routed_experts_mc2 = _rotated
+
+
 class WorkerExtension:
     """Nothing of its own: naming it makes vLLM import this module in each worker."""
 
@@ -83,8 +101,12 @@ def _shares(dp: int) -> list[list[int]]:
 def worker_options(args: dict) -> dict:
     """The engine options and worker environment the flags ask for (run_tp.py too)."""
     extra = {"enable_expert_parallel": bool(args.get("ep"))}
+    if args.get("max_num_batched_tokens"):
+        extra["max_num_batched_tokens"] = args["max_num_batched_tokens"]
+    if args.get("moe_dispatch"):
+        extra["additional_config"] = {"ascend_ext": {"moe_dispatch": args["moe_dispatch"]}}
     for flag, env in (("drop_combine_sum", DROP), ("swap_expert_shard", SWAP),
-                      ("drop_all_reduce", DROP_ALL_REDUCE)):
+                      ("drop_all_reduce", DROP_ALL_REDUCE), ("mc2_rotate_experts", ROTATE)):
         if args.get(flag):
             os.environ[env] = "1"
             extra["worker_extension_cls"] = "run_dp.WorkerExtension"
@@ -135,16 +157,24 @@ def _facts(wrapper) -> dict:
             "dp_rank": get_dp_group().rank_in_group, "tp_rank": get_tp_group().rank_in_group,
             "tp_communicator": type(get_tp_group().device_communicator).__name__,
             "ep_communicator": type(get_ep_group().device_communicator).__name__,
-            "expert_shard": _first_shard(worker.model_runner.model)}
+            "expert_shard": _first_shard(worker.model_runner.model),
+            "mc2_layers": _mc2_layers(worker.model_runner.model)}
+
+
+def _moe_methods(model) -> list:
+    return [m.quant_method for m in model.modules()
+            if getattr(getattr(m, "quant_method", None), "shard", None) is not None]
 
 
 def _first_shard(model) -> str | None:
     """The expert shard of the model's first MoE layer (its MoE method's)."""
-    for module in model.modules():
-        shard = getattr(getattr(module, "quant_method", None), "shard", None)
-        if shard is not None:
-            return shard.describe()
-    return None
+    methods = _moe_methods(model)
+    return methods[0].shard.describe() if methods else None
+
+
+def _mc2_layers(model) -> int:
+    """How many MoE layers exchange tokens through the MC2 dispatcher."""
+    return sum(getattr(m, "mc2", None) is not None for m in _moe_methods(model))
 
 
 def main() -> None:
@@ -156,6 +186,9 @@ def main() -> None:
     ap.add_argument("--ep", action="store_true")
     ap.add_argument("--drop-combine-sum", action="store_true")
     ap.add_argument("--swap-expert-shard", action="store_true")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=0)
+    ap.add_argument("--moe-dispatch", default="", help="ascend_ext.moe_dispatch")
+    ap.add_argument("--mc2-rotate-experts", action="store_true")
     args = vars(ap.parse_args())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

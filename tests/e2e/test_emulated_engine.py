@@ -54,7 +54,7 @@ def test_negative_control_corrupted_block_table_changes_the_result(runs):
 def test_bad_plugin_config_fails_before_the_engine_starts():
     res = run_script("check_config_errors.py", emulate=True, timeout=300)
     assert res["platform"] == "EmulatedAscendPlatform"
-    *bad, good, llm, fp8, dp_moe, dp_dense, soc = res["results"]
+    *bad, good, llm, fp8, dp_moe, dp_dense, mc2, mc2_auto, soc = res["results"]
     expected = ["ascend_ext: unknown key 'mixed_splt'; did you mean 'mixed_split'",
                 "ascend_ext.mixed_split: invalid value 'false'",
                 "ascend_ext.mixed_split: expected a str",
@@ -72,5 +72,11 @@ def test_bad_plugin_config_fails_before_the_engine_starts():
     assert "kv_cache_dtype not supported" in fp8["message"]
     assert dp_moe == {"ok": True}, dp_moe         # MoE tokens cross the DP ranks' communicator
     assert dp_dense == {"ok": True}, dp_dense
+    # MC2 forced on an A2 node with 2 EP ranks, fp32 and a 2048-token budget: refused, naming each
+    assert mc2["type"] == "Mc2Refused", mc2
+    for why in ("moe_dispatch is 'mc2' but MC2 cannot run here", "float32",
+                "ep_world_size 2 not in (16, 32, 64) on A2", "tokens per rank not in (0, 256] on A2"):
+        assert why in mc2["message"], (why, mc2)
+    assert mc2_auto == {"ok": True}, mc2_auto     # auto: vLLM's all-gather exchange
     assert soc["type"] == "AscendExtError", soc
     assert soc["message"].startswith("ASCEND_EXT_SOC='ascend999': unknown Ascend SoC 'ascend999'")

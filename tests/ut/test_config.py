@@ -17,7 +17,7 @@ BAD = [
     # (additional_config, substrings the message must contain)
     ({"ascend_ext": {"mixed_splt": "on"}}, ["unknown key 'mixed_splt'", "did you mean 'mixed_split'"]),
     ({"ascend_ext": {"mixedsplit": "on"}}, ["'mixedsplit'", "mixed_split"]),
-    ({"ascend_ext": {"zzz": 1}}, ["unknown key 'zzz'", "allowed keys: layer_ops, mixed_split, sfa, weight_nz"]),
+    ({"ascend_ext": {"zzz": 1}}, ["unknown key 'zzz'", "allowed keys: layer_ops, mixed_split, moe_dispatch, sfa, weight_nz"]),
     ({"ascend_ext": {"weight_nz": "on"}}, ["ascend_ext.weight_nz", "invalid value 'on'", "'auto', 'off'"]),
     ({"ascend_ext": {"weight_nz": False}}, ["ascend_ext.weight_nz", "expected a str", "False (bool)"]),
     ({"ascend_ext": {"mixed_split": True}}, ["ascend_ext.mixed_split", "expected a str", "True (bool)"]),
@@ -65,7 +65,7 @@ def test_config_is_frozen_and_defaults_documented():
     with pytest.raises(AttributeError):
         cfg.mixed_split = "on"  # type: ignore[misc]
     assert cfg.mixed_split == "auto" and cfg.sfa.preprocess == "auto" and cfg.weight_nz == "auto"
-    assert cfg.layer_ops == "fused"
+    assert cfg.layer_ops == "fused" and cfg.moe_dispatch == "auto"
     names = [r[0] for r in schema_rows()]
     assert names == ["ascend_ext.mixed_split", "ascend_ext.weight_nz", "ascend_ext.layer_ops",
-                     "ascend_ext.sfa.preprocess"]
+                     "ascend_ext.moe_dispatch", "ascend_ext.sfa.preprocess"]

@@ -93,11 +93,16 @@ def test_without_emulation_on_a_cpu_the_platform_is_inactive_and_doctor_says_so(
     assert data["problems"] == [data["problems"][0]] and "ASCEND_EXT_EMULATE=1" in data["problems"][0]
 
 
-def test_lists_every_embedded_tiny_model(monkeypatch):
+def test_lists_every_embedded_tiny_model(monkeypatch, tmp_path):
     from vllm_ascend_ext.cli.plugin_commands import _tiny_paths
 
     monkeypatch.setenv("ASCEND_EXT_EMULATE", "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))     # the generated one: not yet
     models = doctor.report()[0]["tiny_models"]
-    assert set(models) == set(_tiny_paths()) == {"qwen3", "qwen-moe", "qwen3-next", "dsa",
-                                                 "dsa-w8a8"}
+    assert set(models) == set(_tiny_paths()) == {"qwen3", "qwen-moe", "qwen-moe-wide",
+                                                 "qwen3-next", "dsa", "dsa-w8a8"}
+    wide = models.pop("qwen-moe-wide")
     assert all(m["present"] for m in models.values())
+    # doctor looks for the generated model and never writes it
+    assert not wide["present"] and wide["path"].startswith(str(tmp_path))
+    assert not any(tmp_path.iterdir())

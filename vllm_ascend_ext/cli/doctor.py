@@ -171,11 +171,15 @@ def _smoke(requested: bool, problems: list[str]) -> dict:
 
 
 def _tiny_models() -> dict:
-    """Every embedded tiny model (``tiny-model-path`` names) and whether it is in place."""
+    """Every embedded tiny model (``tiny-model-path`` names) and whether it is in place (the
+    generated one, ``qwen-moe-wide``, is looked for, never generated here)."""
     from vllm_ascend_ext.cli.plugin_commands import _tiny_paths
+    from vllm_ascend_ext.models import tiny_qwen_moe_wide_dir
 
+    where = {name: path for name, path in _tiny_paths().items()}
+    where["qwen-moe-wide"] = lambda: str(tiny_qwen_moe_wide_dir())
     return {name: {"path": path(), "present": Path(path(), "config.json").is_file()}
-            for name, path in _tiny_paths().items()}
+            for name, path in where.items()}
 
 
 def report(smoke: bool = False) -> tuple[dict, list[str]]:

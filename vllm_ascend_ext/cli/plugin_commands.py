@@ -30,15 +30,17 @@ def _tiny_paths() -> dict:
         tiny_model_path,
         tiny_qwen3_next_path,
         tiny_qwen_moe_path,
+        tiny_qwen_moe_wide_path,
     )
 
     return {"qwen3": tiny_model_path, "qwen-moe": tiny_qwen_moe_path,
+            "qwen-moe-wide": tiny_qwen_moe_wide_path,
             "qwen3-next": tiny_qwen3_next_path, "dsa": tiny_dsa_path,
             "dsa-w8a8": lambda: tiny_dsa_path(quantized=True)}
 
 
 class TinyModelPathCommand(PluginCommand):
-    """``tiny-model-path [qwen3|qwen-moe|qwen3-next|dsa|dsa-w8a8]``: print an embedded tiny
+    """``tiny-model-path [qwen3|qwen-moe|qwen-moe-wide|qwen3-next|dsa|dsa-w8a8]``: print an embedded tiny
     model's directory."""
 
     name = "tiny-model-path"

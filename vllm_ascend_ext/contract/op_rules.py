@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.contract.layer_op_rules import LAYER_OP_RULES
+from vllm_ascend_ext.contract.mc2_rules import MC2_RULES
 from vllm_ascend_ext.contract.moe_rules import MOE_RULES
 from vllm_ascend_ext.contract.rules import (
     HAND_WRITTEN,
@@ -376,7 +377,7 @@ GDN_RULES = (
 GROUPS: dict[str, tuple[Rule, ...]] = {
     "FIA_RULES": FIA_RULES, "SCATTER_RULES": SCATTER_RULES, "SFA_RULES": SFA_RULES,
     "NORM_QUANT_RULES": NORM_QUANT_RULES, "MOE_RULES": MOE_RULES, "GDN_RULES": GDN_RULES,
-    "LAYER_OP_RULES": LAYER_OP_RULES}
+    "LAYER_OP_RULES": LAYER_OP_RULES, "MC2_RULES": MC2_RULES}
 RULES: tuple[Rule, ...] = tuple(rule for group in GROUPS.values() for rule in group)
 # Operators with a yaml schema but no Python Meta kernel in the wheel (their meta lives in
 # torch_npu's C++ library): the harness binds the schema and checks the rules only.

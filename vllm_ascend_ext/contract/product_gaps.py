@@ -11,6 +11,7 @@ stays a violation, so a new operator or SoC never passes silently.
 from __future__ import annotations
 
 from vllm_ascend_ext.contract import docs
+from vllm_ascend_ext.ops.moe_distribute_bounds import FAMILIES as FAMILIES_MC2
 
 FAMILIES = ("A2", "A3", "A5")
 FAMILY_NAMES = {"A2": "Atlas A2", "A3": "Atlas A3", "A5": "Ascend 950"}
@@ -52,6 +53,14 @@ GAPS: dict[str, dict[str, str]] = {
 }
 
 
+# Operators the 2.13 wheel documents nowhere, with the products their own pages list
+# (ops/moe_distribute_bounds.py; checked by contract/mc2_rules.py) and the route elsewhere.
+HAND_WRITTEN_PRODUCTS: dict[str, tuple[tuple[str, ...], str]] = {
+    op: (FAMILIES_MC2, "not called there: the MC2 gate declines (vLLM's all-gather exchange)")
+    for op in ("npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2")
+}
+
+
 def route(op: str, family: str) -> str | None:
     """The route the plugin takes for a documentation gap, None if it is not one."""
     text = GAPS.get(op, {}).get(family)
@@ -82,8 +91,12 @@ def markdown_table(ops) -> str:
     for op in sorted(ops):
         listed = docs.families(op)
         cells = []
+        hand = HAND_WRITTEN_PRODUCTS.get(op)
         for family in FAMILIES:
-            if listed is None:
+            if listed is None and hand is not None:
+                cells.append("documented (op-plugin page)" if family in hand[0]
+                             else f"not listed: {hand[1]}".replace("not listed: not called", "not listed; not called"))
+            elif listed is None:
                 cells.append("unspecified")
             elif family in listed:
                 cells.append("documented")

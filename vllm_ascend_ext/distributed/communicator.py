@@ -125,6 +125,20 @@ class AscendCommunicator(DeviceCommunicatorBase):
     def combine(self, hidden_states, is_sequence_parallel: bool = False):
         return self._manager().combine(hidden_states, is_sequence_parallel)
 
+    # -- the MC2 operators' group name ---------------------------------------------------
+    def moe_group_name(self) -> str:
+        """``group_ep`` of ``npu_moe_distribute_dispatch_v2`` / ``combine_v2`` for this
+        group: HCCL's communicator name on an NPU (torch_npu's process group), else a
+        name the emulated operators resolve to this group (``ops/moe_distribute``)."""
+        if dist.get_backend(self.device_group) == "hccl":
+            backend = self.device_group._get_backend(torch.device("npu"))
+            return backend.get_hccl_comm_name(dist.get_rank())
+        from vllm_ascend_ext.ops.moe_distribute import register_group
+
+        name = f"ascend_ext/{self.unique_name}"
+        register_group(name, self.device_group)
+        return name
+
     def destroy(self) -> None:
         if self.all2all_manager is not None:
             self.all2all_manager.destroy()

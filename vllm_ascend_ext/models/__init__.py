@@ -21,6 +21,37 @@ def tiny_qwen_moe_path() -> str:
     return str(TINY_QWEN_MOE)
 
 
+def tiny_qwen_moe_wide_dir() -> Path:
+    """Where ``tiny_qwen_moe_wide_path`` generates the wide tiny MoE (nothing written)."""
+    import os
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm_ascend_ext"
+    return cache / "tiny_qwen_moe_wide_v1"
+
+
+def tiny_qwen_moe_wide_path() -> str:
+    """The tiny Qwen MoE at hidden size 1024 (8 heads of 128), the smallest the MC2
+    operators document on Atlas A3: generated deterministically on first use into
+    ``$XDG_CACHE_HOME/vllm_ascend_ext`` (34 MB, not shipped)."""
+    import tempfile
+
+    out = tiny_qwen_moe_wide_dir()
+    cache = out.parent
+    if not (out / "model.safetensors").exists():
+        from vllm_ascend_ext.models import make_tiny_qwen_moe
+
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache))
+        make_tiny_qwen_moe.main(str(tmp), wide=True)
+        try:
+            tmp.rename(out)             # atomic: a concurrent first use keeps its own copy
+        except OSError:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(out)
+
+
 TINY_QWEN3_NEXT = Path(__file__).resolve().parent / "tiny_qwen3_next"
 
 

@@ -1,6 +1,6 @@
 """Generate the embedded tiny Qwen MoE model (Qwen2-MoE architecture): config, weights.
 
-    python -m vllm_ascend_ext.models.make_tiny_qwen_moe [OUT_DIR]
+    python -m vllm_ascend_ext.models.make_tiny_qwen_moe [OUT_DIR] [--wide]
 
 The routing of Qwen MoE, Qwen3-Next and Qwen3.5: softmax top-k over 8 experts,
 renormalised (``norm_topk_prob``), plus a shared expert behind a sigmoid gate. Same
@@ -64,9 +64,15 @@ def moe_layer_weights(p: str, c: dict, lin) -> dict[str, torch.Tensor]:
     return w
 
 
-def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+# A wider variant for MC2 (expert-parallel dispatch), whose operators document hidden
+# sizes of at least 1024 on Atlas A3: generated on first use into the cache
+# (``models.tiny_qwen_moe_wide_path``), not shipped (34 MB).
+WIDE_CONFIG = {**CONFIG, "hidden_size": 1024, "num_attention_heads": 8}
+
+
+def make_weights(seed: int = 0, config: dict | None = None) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    c = CONFIG
+    c = config or CONFIG
     h, vocab = c["hidden_size"], c["vocab_size"]
     hd = h // c["num_attention_heads"]
     nq, nkv = c["num_attention_heads"], c["num_key_value_heads"]
@@ -92,10 +98,12 @@ def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in w.items()}
 
 
-def main(out_dir: str | None = None) -> Path:
+def main(out_dir: str | None = None, wide: bool = False) -> Path:
     out = Path(out_dir) if out_dir else Path(__file__).resolve().parent / "tiny_qwen_moe"
-    return save_model(out, CONFIG, make_weights())
+    config = WIDE_CONFIG if wide else CONFIG
+    return save_model(out, config, make_weights(config=config))
 
 
 if __name__ == "__main__":
-    print(main(sys.argv[1] if len(sys.argv) > 1 else None))
+    argv = [a for a in sys.argv[1:] if a != "--wide"]
+    print(main(argv[0] if argv else None, wide="--wide" in sys.argv[1:]))

@@ -33,6 +33,7 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 
 from vllm_ascend_ext.moe import experts
 from vllm_ascend_ext.moe.expert_shard import ExpertShard, expert_shard
+from vllm_ascend_ext.moe.mc2 import Mc2Facts, Mc2Plan, declined, mc2_plan, routed_experts_mc2
 from vllm_ascend_ext.moe.routing import RoutingPlan, UnsupportedMoEError, plan_routing
 from vllm_ascend_ext.ops import counting
 
@@ -69,6 +70,34 @@ def layer_routing_plan(layer) -> RoutingPlan:
         topk_group=layer.topk_group, has_bias=layer.e_score_correction_bias is not None,
         routed_scaling_factor=float(layer.routed_scaling_factor),
         custom_routing_function=layer.custom_routing_function)
+
+
+def layer_mc2_facts(layer, shard: ExpertShard, quantized: bool) -> Mc2Facts:
+    """What the MC2 gate decides on for a vLLM ``RoutedExperts`` layer (host values)."""
+    from vllm.config import get_current_vllm_config
+
+    from vllm_ascend_ext.config import get_config
+    from vllm_ascend_ext.platform.soc import current_family
+
+    vllm_config = get_current_vllm_config()
+    moe = layer.moe_config
+    par = moe.moe_parallel_config
+    tokens = vllm_config.scheduler_config.max_num_batched_tokens
+    split = max(getattr(par, "sp_size", 1), 1)
+    return Mc2Facts(
+        setting=get_config(vllm_config).moe_dispatch, family=current_family() or "A2",
+        exchange=bool(par.use_all2all_kernels),
+        linear=shard.is_sharded and shard.start == par.ep_rank * shard.local_experts,
+        quantized=quantized, dtype=moe.in_dtype, hidden=moe.hidden_dim, top_k=layer.top_k,
+        experts=layer.global_num_experts, ep_world_size=par.ep_size, ep_rank=par.ep_rank,
+        capacity=-(-tokens // split))
+
+
+def ep_group_name() -> str:
+    """``group_ep`` of the MC2 operators: the EP group's communicator name."""
+    from vllm.distributed.parallel_state import get_ep_group
+
+    return get_ep_group().device_communicator.moe_group_name()
 
 
 def layer_expert_shard(layer) -> ExpertShard:
@@ -114,19 +143,33 @@ class MonolithicEntry:
 
     plan: RoutingPlan | None = None
     shard: ExpertShard | None = None
+    mc2: Mc2Plan | None = None       # the MC2 dispatcher's plan (moe/mc2.py), None: all-gather
     opaque_entry = False
+    quantized = False
 
     def plan_layer(self, layer) -> None:
-        """Routing plan and expert shard, made when the weights are created (a refusal
-        comes before any weight is read)."""
+        """Routing plan, expert shard and token exchange, made when the weights are
+        created (a refusal comes before any weight is read)."""
         self.plan = layer_routing_plan(layer)
         self.shard = layer_expert_shard(layer)
+        facts = layer_mc2_facts(layer, self.shard, self.quantized)
+        self.mc2 = mc2_plan(facts, ep_group_name)
+        if facts.exchange and self.mc2 is None:
+            logger.info_once("ascend_ext: expert-parallel MoE layers exchange tokens by "
+                             "all-gather / reduce-scatter: %s", "; ".join(declined(facts)))
+
+    @property
+    def supports_internal_mk(self) -> bool:
+        # vLLM's runner skips its own DP token exchange for a layer whose method exchanges
+        # the tokens itself (the MC2 dispatcher), and runs it otherwise.
+        return self.mc2 is not None
 
     def place_shard(self, weight: torch.Tensor) -> None:
         """The shard's tables on the weights' device (after loading)."""
         self.shard = self.shard.to(weight.device)
-        logger.debug_once("ascend_ext: MoE layers routed by %s (%s), %s", self.plan.op,
-                          self.plan.describe(), self.shard.describe())
+        logger.debug_once("ascend_ext: MoE layers routed by %s (%s), %s, %s", self.plan.op,
+                          self.plan.describe(), self.shard.describe(),
+                          "MC2 dispatch" if self.mc2 else "no MC2")
 
     def init_entry(self) -> None:
         from vllm.platforms import current_platform
@@ -200,6 +243,9 @@ class AscendFusedMoEMethod(MonolithicEntry, UnquantizedFusedMoEMethod):
 
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(layer, router_logits)
+        if self.mc2 is not None:
+            return routed_experts_mc2(x, weights, ids, layer.w13_weight, layer.w2_weight,
+                                      self.mc2)
         return experts.routed_experts(x, weights, ids, layer.w13_weight, layer.w2_weight,
                                       self.shard)
 

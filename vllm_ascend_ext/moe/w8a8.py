@@ -33,6 +33,8 @@ from vllm_ascend_ext.quantization.weight_format import current_quantized_weight_
 
 
 class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
+    quantized = True      # the MC2 gate declines (moe/mc2.py)
+
     def __init__(self, moe, prefix: str, *, dummy_loading: bool = False) -> None:
         super().__init__(moe)
         self.prefix = prefix

@@ -1,0 +1,220 @@
+"""MC2 (``npu_moe_distribute_dispatch_v2`` / ``combine_v2``) over real gloo groups of 2 and 3
+ranks, the emulation's stand-in for HCCL: what each rank receives against the rows computed
+here from every rank's known inputs, the dispatch -> experts -> combine round trip and the
+plugin's MC2 dispatcher (``moe/mc2.py``) against explicit float64 loops over every expert;
+contract mode on the calls (A3: none; A2, whose documentation lists other EP sizes: a
+violation); and the gate's decisions (pure)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from vllm_ascend_ext.moe.mc2 import Mc2Facts, Mc2Refused, declined, mc2_plan
+from vllm_ascend_ext.ops import moe_distribute_bounds as bounds
+
+H, K, E, FFN = 16, 2, 6, 8
+BS = [3, 5, 2]               # uneven tokens per rank (DP ranks with different batches)
+
+
+def _inputs(rank: int, world: int):
+    g = torch.Generator().manual_seed(100 + rank)
+    bs = BS[rank]
+    x = torch.randn(bs, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(bs)]).to(torch.int32)
+    scales = torch.rand(bs, K, generator=g)
+    return x, ids, scales
+
+
+def _weights():
+    g = torch.Generator().manual_seed(7)
+    return (torch.randn(E, H, 2 * FFN, generator=g) / H ** 0.5,
+            torch.randn(E, FFN, H, generator=g) / FFN ** 0.5)
+
+
+def _expert_fn(e: int, rows: torch.Tensor) -> torch.Tensor:
+    return rows * (e + 1) + 0.5 * e
+
+
+def _worker(rank: int, world: int, store: str, queue) -> None:
+    from vllm_ascend_ext.contract import mode
+    from vllm_ascend_ext.contract.harness import ContractViolation, Harness
+    from vllm_ascend_ext.moe.mc2 import Mc2Plan, routed_experts_mc2
+    from vllm_ascend_ext.ops.moe_distribute import (
+        npu_moe_distribute_combine_v2,
+        npu_moe_distribute_dispatch_v2,
+        register_group,
+    )
+    from vllm_ascend_ext.platform.soc import from_name
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    register_group("ep", dist.group.WORLD)
+    x, ids, scales = _inputs(rank, world)
+    local = E // world
+    common = dict(group_ep="ep", ep_world_size=world, ep_rank_id=rank, moe_expert_num=E,
+                  global_bs=max(BS[:world]) * world)
+    out = {}
+    rows, _, assist, counts, recv, tp, _ = npu_moe_distribute_dispatch_v2(x, ids, **common)
+    out["rows"], out["counts"] = rows, counts
+    _, _, _, ends, _, _, _ = npu_moe_distribute_dispatch_v2(x, ids, expert_token_nums_type=0,
+                                                            **common)
+    out["ends"] = ends
+    done = rows.clone()
+    begin = 0
+    for j, n in enumerate(counts.tolist()):
+        done[begin:begin + n] = _expert_fn(rank * local + j, rows[begin:begin + n])
+        begin += n
+    out["combined"] = npu_moe_distribute_combine_v2(done, ids, assist, recv, scales,
+                                                    tp_send_counts=tp, **common)
+    out["shared"] = npu_moe_distribute_combine_v2(done, ids, assist, recv, scales,
+                                                  shared_expert_x=torch.ones(x.shape),
+                                                  tp_send_counts=tp, **common)
+    w13, w2 = _weights()
+    plan = Mc2Plan("ep", world, rank, E, max(BS[:world]) * world)
+    mine = slice(rank * local, (rank + 1) * local)
+    out["layer"] = routed_experts_mc2(x, scales, ids, w13[mine].contiguous(),
+                                      w2[mine].contiguous(), plan)
+    # contract mode: documented sizes pretending A3, then A2
+    wide = x.repeat(1, 1024 // H).to(torch.bfloat16)
+    os.environ[mode.ENV] = "1"
+    for soc in ("ascend910_9391", "ascend910b2"):
+        mode._HARNESS[:] = [Harness(from_name(soc))]
+        mode.install()
+        try:
+            r, _, a, _, rc, t, _ = npu_moe_distribute_dispatch_v2(wide, ids, **common)
+            npu_moe_distribute_combine_v2(r, ids, a, rc, scales, tp_send_counts=t, **common)
+            out[soc] = "ok"
+        except ContractViolation as e:
+            out[soc] = str(e)
+    del os.environ[mode.ENV]
+    queue.put((rank, {k: v.tolist() if isinstance(v, torch.Tensor) else v
+                      for k, v in out.items()}))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def ranks(request, tmp_path_factory):
+    world = request.param
+    store = str(tmp_path_factory.mktemp(f"mc2_{world}") / "store")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, world, store, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = dict(queue.get(timeout=180) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return world, got
+
+
+def _all_inputs(world):
+    return [_inputs(r, world) for r in range(world)]
+
+
+@pytest.mark.xdist_group("mc2")
+def test_each_rank_receives_its_experts_rows_grouped_by_expert_then_source(ranks):
+    world, got = ranks
+    inputs, local = _all_inputs(world), E // world
+    for rank in range(world):
+        rows = torch.tensor(got[rank]["rows"])
+        counts = got[rank]["counts"]
+        begin = 0
+        for j in range(local):
+            e = rank * local + j
+            want = [x[(ids == e).any(1)] for x, ids, _ in inputs]   # per source rank
+            assert counts[j] == sum(len(w) for w in want)
+            for w in want:                      # sources in rank order, as documented
+                assert torch.equal(rows[begin:begin + len(w)], w)
+                begin += len(w)
+        assert got[rank]["ends"] == torch.tensor(counts).cumsum(0).tolist()
+        # A = global_bs * min(L, K) rows; those past the received ones are undefined (NaN)
+        assert rows.shape[0] == max(BS[:world]) * world * min(local, K)
+        assert torch.isnan(rows[begin:]).all()
+
+
+@pytest.mark.xdist_group("mc2")
+def test_combine_returns_each_tokens_weighted_sum_over_its_experts(ranks):
+    world, got = ranks
+    for rank, (x, ids, scales) in enumerate(_all_inputs(world)):
+        want = torch.zeros(x.shape, dtype=torch.float64)
+        for t in range(x.shape[0]):
+            for k in range(K):
+                e = int(ids[t, k])
+                want[t] += float(scales[t, k]) * _expert_fn(e, x[t].double())
+        assert torch.allclose(torch.tensor(got[rank]["combined"], dtype=torch.float64), want,
+                              atol=1e-5)
+        assert torch.allclose(torch.tensor(got[rank]["shared"], dtype=torch.float64), want + 1,
+                              atol=1e-5)
+
+
+@pytest.mark.xdist_group("mc2")
+def test_the_mc2_dispatcher_equals_every_expert_computed_in_one_place(ranks):
+    world, got = ranks
+    w13, w2 = (w.double() for w in _weights())
+    for rank, (x, ids, scales) in enumerate(_all_inputs(world)):
+        want = torch.zeros(x.shape, dtype=torch.float64)
+        for t in range(x.shape[0]):
+            for k in range(K):
+                e = int(ids[t, k])
+                gate, up = (x[t].double() @ w13[e]).chunk(2)
+                want[t] += float(scales[t, k]) * ((torch.nn.functional.silu(gate) * up) @ w2[e])
+        assert torch.allclose(torch.tensor(got[rank]["layer"], dtype=torch.float64), want,
+                              atol=1e-5)
+
+
+@pytest.mark.xdist_group("mc2")
+def test_contract_mode_takes_documented_calls_and_names_a2s_ep_sizes(ranks):
+    world, got = ranks
+    for rank in range(world):
+        assert got[rank]["ascend910_9391"] == "ok"
+        a2 = got[rank]["ascend910b2"]
+        assert "npu_moe_distribute_dispatch_v2" in a2
+        assert f"ep_world_size {world} not in (16, 32, 64)" in a2
+
+
+# -- the gate (pure) ---------------------------------------------------------------------
+def _facts(**kw) -> Mc2Facts:
+    base = dict(setting="auto", family="A3", exchange=True, linear=True, quantized=False,
+                dtype=torch.bfloat16, hidden=7168, top_k=8, experts=256, ep_world_size=16,
+                ep_rank=3, capacity=256)
+    return Mc2Facts(**{**base, **kw})
+
+
+def test_the_gate_takes_mc2_for_deepseek_widths_on_a3_and_says_why_not_elsewhere():
+    assert declined(_facts()) == []
+    plan = mc2_plan(_facts(), lambda: "hccl-ep")
+    assert (plan.group, plan.world, plan.rank, plan.local, plan.global_bs) == (
+        "hccl-ep", 16, 3, 16, 256 * 16)
+    cases = {
+        "setting": ("allgather", "'allgather'"), "exchange": (False, "no expert-parallel"),
+        "quantized": (True, "W8A8"), "linear": (False, "linearly"),
+        "dtype": (torch.float32, "float32"), "capacity": (513, "513 tokens per rank"),
+        "hidden": (512, "hidden size 512 not in [1024, 7168]"),
+        "family": ("A5", "A2/A3 only"), "top_k": (17, "top-k 17"),
+    }
+    for key, (value, needle) in cases.items():
+        why = declined(_facts(**{key: value}))
+        assert why and any(needle in w for w in why), (key, why)
+        assert mc2_plan(_facts(**{key: value}), lambda: pytest.fail("asked")) is None
+
+
+def test_a2_takes_mc2_only_at_its_documented_ep_sizes():
+    a2 = dict(family="A2", capacity=256, ep_world_size=16, experts=256)
+    assert declined(_facts(**a2)) == []                     # 16 experts per rank <= 24
+    assert any("not in (16, 32, 64)" in w for w in declined(_facts(**{**a2, "ep_world_size": 8})))
+    assert any("32 experts per rank > 24" in w
+               for w in declined(_facts(**{**a2, "ep_world_size": 16, "experts": 512})))
+    assert any("(0, 256]" in w for w in declined(_facts(**{**a2, "capacity": 257})))
+    assert any("multiple of 32" in w for w in declined(_facts(**{**a2, "hidden": 1000})))
+
+
+def test_moe_dispatch_mc2_refuses_naming_every_reason():
+    with pytest.raises(Mc2Refused, match=r"'mc2' but MC2 cannot run here: .*float32.*"
+                                         r"hidden size 128"):
+        mc2_plan(_facts(setting="mc2", hidden=128, dtype=torch.float32), lambda: "x")
+    assert bounds.outside("A3", hidden=1024, bs=1, top_k=1, experts=2, ep_world_size=2) == []

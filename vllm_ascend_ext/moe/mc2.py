@@ -1,0 +1,132 @@
+"""The MC2 token dispatcher: expert parallelism under data parallelism in two collective
+launches, ``npu_moe_distribute_dispatch_v2`` / ``npu_moe_distribute_combine_v2``
+(``ops/moe_distribute.py``), instead of vLLM's all-gather of every rank's tokens and
+reduce-scatter of every rank's partial outputs.
+
+Per MoE layer and step, after routing: the dispatch sends each (token, k) pair's row to
+the rank owning its expert and returns the rows this rank received, grouped by local
+expert, with their running counts; two ``npu_grouped_matmul`` and ``npu_swiglu`` compute
+the local experts over them (the groups end before the buffer's ``A`` rows: the
+departure ``groups_may_end_early`` allows, and the rows past them are never read: the
+combine takes only the rows the dispatch filled); the combine sends the rows back and
+sums each token's ``k`` rows weighted by its routing weights. The output is the token's
+whole routed-expert sum: vLLM's runner then skips its own exchange for this layer
+(``supports_internal_mk``) and adds the shared experts. No host read: the buffers' sizes
+come from ``global_bs``, a constant of the engine.
+
+The gate (``mc2_plan``, pure, decided once per layer when its weights are loaded, so every
+rank and step takes the same route; the operators are collectives) takes MC2 when:
+``ascend_ext.moe_dispatch`` is not ``allgather``; vLLM runs an expert-parallel exchange
+for the layer (DP > 1 or sequence-parallel MoE, with ``--enable-expert-parallel``); the
+experts are placed linearly (rank ``r`` holds experts ``[r*L, (r+1)*L)``, the placement
+the operators assume); the activations are bf16/fp16; the experts are unquantized; and
+every documented bound (``ops/moe_distribute_bounds.py``) holds for the layer's sizes
+with every step's token count up to ``capacity`` (the most tokens a rank can bring to a
+MoE layer in one step: ``max_num_batched_tokens``, split over the TP ranks when the MoE
+runs sequence-parallel). ``moe_dispatch: "mc2"`` turns a declined gate into an error at
+model load naming the reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_ascend_ext.errors import AscendExtError
+from vllm_ascend_ext.ops.grouped_matmul import groups_may_end_early, npu_grouped_matmul, npu_swiglu
+from vllm_ascend_ext.ops.moe_distribute import (
+    npu_moe_distribute_combine_v2,
+    npu_moe_distribute_dispatch_v2,
+)
+from vllm_ascend_ext.ops.moe_distribute_bounds import outside
+
+HALF = (torch.bfloat16, torch.float16)
+
+
+class Mc2Refused(AscendExtError):
+    """``ascend_ext.moe_dispatch: "mc2"`` where MC2 cannot run; the message says why."""
+
+
+@dataclass(frozen=True)
+class Mc2Facts:
+    """What the gate decides on: host values only (configuration and layer sizes)."""
+
+    setting: str               # ascend_ext.moe_dispatch
+    family: str                # SoC family: A2, A3, A5
+    exchange: bool             # vLLM runs an EP token exchange for the layer
+    linear: bool               # rank r holds experts [r*L, (r+1)*L)
+    quantized: bool
+    dtype: torch.dtype
+    hidden: int
+    top_k: int
+    experts: int
+    ep_world_size: int
+    ep_rank: int
+    capacity: int              # most tokens of one rank in one step
+
+
+@dataclass(frozen=True)
+class Mc2Plan:
+    """The constant arguments of a layer's dispatch and combine."""
+
+    group: str                 # group_ep: the EP group's communicator name
+    world: int
+    rank: int
+    experts: int
+    global_bs: int             # capacity * world: every rank's buffers the same size
+
+    @property
+    def local(self) -> int:
+        return self.experts // self.world
+
+
+def declined(f: Mc2Facts) -> list[str]:
+    """Why the MC2 route does not apply (empty: it does)."""
+    if f.setting == "allgather":
+        return ["ascend_ext.moe_dispatch is 'allgather'"]
+    if not f.exchange:
+        return ["no expert-parallel token exchange for this layer (MC2 needs "
+                "--enable-expert-parallel with data parallelism or sequence-parallel MoE)"]
+    why = []
+    if f.quantized:
+        why.append("quantized (W8A8) experts: their MC2 route is not built (all-gather)")
+    if not f.linear:
+        why.append("experts not placed linearly (MC2 assumes rank r holds [r*L, (r+1)*L))")
+    if f.dtype not in HALF:
+        why.append(f"activations in {str(f.dtype).removeprefix('torch.')}; the operators "
+                   "take bfloat16 / float16")
+    why += outside(f.family, hidden=f.hidden, bs=f.capacity, top_k=f.top_k, experts=f.experts,
+                   ep_world_size=f.ep_world_size)
+    return why
+
+
+def mc2_plan(f: Mc2Facts, group_name) -> Mc2Plan | None:
+    """The layer's MC2 plan, ``None`` for the all-gather exchange; ``group_name()`` is
+    asked only when MC2 applies. Raises ``Mc2Refused`` when ``f.setting`` is ``"mc2"``
+    and MC2 does not apply."""
+    why = declined(f)
+    if why and f.setting == "mc2":
+        raise Mc2Refused("ascend_ext.moe_dispatch is 'mc2' but MC2 cannot run here: "
+                         + "; ".join(why) + " (use 'auto' or 'allgather')")
+    if why:
+        return None
+    return Mc2Plan(group_name(), f.ep_world_size, f.ep_rank, f.experts,
+                   f.capacity * f.ep_world_size)
+
+
+def routed_experts_mc2(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                       w13: torch.Tensor, w2: torch.Tensor, plan: Mc2Plan) -> torch.Tensor:
+    """``sum_k weights[t, k] * FFN_{ids[t, k]}(x[t])`` over every rank's experts, for this
+    rank's tokens ``x [T, H]`` (``w13``/``w2`` hold this rank's ``L`` experts)."""
+    common = dict(group_ep=plan.group, ep_world_size=plan.world, ep_rank_id=plan.rank,
+                  moe_expert_num=plan.experts, global_bs=plan.global_bs)
+    rows, _, assist, ends, recv_counts, tp_counts, _ = npu_moe_distribute_dispatch_v2(
+        x, ids, expert_token_nums_type=0, quant_mode=0, **common)
+    with groups_may_end_early():
+        gate_up = npu_grouped_matmul([rows], [w13], group_list=ends, split_item=2,
+                                     group_type=0, group_list_type=0)[0]
+        down = npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=ends, split_item=2,
+                                  group_type=0, group_list_type=0)[0]
+    return npu_moe_distribute_combine_v2(down, ids, assist, recv_counts, weights.float(),
+                                         tp_send_counts=tp_counts, **common)
