@@ -25,9 +25,11 @@ No timing. Layouts (one Atlas 800 pair, 16 NPUs):
   ``1/16``); first every rank's per-expert counts are all-gathered over the EP group and
   two split lists read to the host; the rows come back the same way, and an all-gather
   over TP8 restores the engine's tokens.
-- **MC2** (not built: ``npu_moe_distribute_dispatch_v2`` / ``combine_v2``, A3): the same
-  rows as all-to-all in two fused kernels, the dispatched rows int8 with a float32 scale
-  per row when the experts are W8A8 (its ``quant_mode=2``).
+- **MC2** (``npu_moe_distribute_dispatch_v2`` / ``combine_v2``, ``moe/mc2.py``; built for
+  float experts on A3, taken where the documented bounds hold, e.g. at most 512 tokens per
+  rank per step): the same rows as all-to-all in two fused kernels, no host read. The
+  int8 dispatch (W8A8 experts, the dispatch's ``quant_mode=2``: rows int8 with a float32
+  scale per row) is a projection: the W8A8 methods keep the all-gather exchange.
 
 Routing is taken as uniform (each of a token's k rows on any rank with probability 1/16);
 real routing moves the all-to-all figures, not the all-gather ones. The 16 ranks serve one
@@ -118,7 +120,7 @@ def mc2_ep(tokens: int, w: Widths, *, int8_dispatch: bool) -> Exchange:
     dispatch = rows * (w.hidden * INT8 + FP32) if int8_dispatch else rows * w.hidden * BF16
     sent = dispatch + rows * w.hidden * BF16 + ring_gather(tokens * w.hidden * BF16, TP)
     label = "DP2xTP8+EP16 MC2" + (" (int8 dispatch)" if int8_dispatch else "")
-    return Exchange(label, False, 3, sent, 0, DP)
+    return Exchange(label, not int8_dispatch, 3, sent, 0, DP)
 
 
 def table(tokens: int) -> list[dict]:

@@ -43,7 +43,10 @@ def _expert_fn(e: int, rows: torch.Tensor) -> torch.Tensor:
 def _worker(rank: int, world: int, store: str, queue) -> None:
     from vllm_ascend_ext.contract import mode
     from vllm_ascend_ext.contract.harness import ContractViolation, Harness
+    from vllm_ascend_ext.moe import experts
+    from vllm_ascend_ext.moe.expert_shard import expert_shard
     from vllm_ascend_ext.moe.mc2 import Mc2Plan, routed_experts_mc2
+    from vllm_ascend_ext.ops.counting import OpCounter
     from vllm_ascend_ext.ops.moe_distribute import (
         npu_moe_distribute_combine_v2,
         npu_moe_distribute_dispatch_v2,
@@ -76,8 +79,17 @@ def _worker(rank: int, world: int, store: str, queue) -> None:
     w13, w2 = _weights()
     plan = Mc2Plan("ep", world, rank, E, max(BS[:world]) * world)
     mine = slice(rank * local, (rank + 1) * local)
-    out["layer"] = routed_experts_mc2(x, scales, ids, w13[mine].contiguous(),
-                                      w2[mine].contiguous(), plan)
+    with OpCounter() as c:
+        out["layer"] = routed_experts_mc2(x, scales, ids, w13[mine].contiguous(),
+                                          w2[mine].contiguous(), plan)
+    out["mc2_calls"] = dict(c.total())
+    emap = torch.full((E,), -1, dtype=torch.int32)
+    emap[mine] = torch.arange(local, dtype=torch.int32)
+    shard = expert_shard("layer", emap, E, local)      # built at load time, not per step
+    ours = w13[mine].contiguous(), w2[mine].contiguous()
+    with OpCounter() as c:     # the all-gather route's share of the same layer (before the exchange)
+        experts.routed_experts(x, scales, ids, *ours, shard)
+    out["allgather_calls"] = sum(c.total().values())
     # contract mode: documented sizes pretending A3, then A2
     wide = x.repeat(1, 1024 // H).to(torch.bfloat16)
     os.environ[mode.ENV] = "1"
@@ -165,6 +177,19 @@ def test_the_mc2_dispatcher_equals_every_expert_computed_in_one_place(ranks):
                 want[t] += float(scales[t, k]) * ((torch.nn.functional.silu(gate) * up) @ w2[e])
         assert torch.allclose(torch.tensor(got[rank]["layer"], dtype=torch.float64), want,
                               atol=1e-5)
+
+
+@pytest.mark.xdist_group("mc2")
+def test_the_mc2_route_is_five_device_calls_per_layer_after_routing(ranks):
+    """Dispatch, grouped matmul, SwiGLU, grouped matmul, combine: nothing else on the device
+    (no permutation, no row clearing), against the all-gather route's 11 for the same
+    rank's experts before vLLM's two all-gathers and one reduce-scatter."""
+    world, got = ranks
+    for rank in range(world):
+        assert got[rank]["mc2_calls"] == {"npu_moe_distribute_dispatch_v2": 1,
+                                          "npu_grouped_matmul": 2, "npu_swiglu": 1,
+                                          "npu_moe_distribute_combine_v2": 1}
+        assert got[rank]["allgather_calls"] == 11
 
 
 @pytest.mark.xdist_group("mc2")
