@@ -20,7 +20,9 @@ def test_reports_the_npu_platform_facts_and_is_healthy_for_emulation(monkeypatch
     assert platform["opaque_attention"] is True and platform["distributed_backend"] == "hccl"
     assert platform["moe"]["method"] == "vllm_ascend_ext.moe.method.AscendFusedMoEMethod"
     assert platform["moe"]["expert_parallel"].startswith("accepted")
-    assert platform["moe"]["ep_dispatcher"]["A3"].startswith("all-gather")
+    dispatchers = platform["moe"]["ep_dispatcher"]
+    assert dispatchers["A3"].startswith("MC2") and "EP 2-384, hidden 1024-7168" in dispatchers["A3"]
+    assert "EP 16/32/64" in dispatchers["A2"] and dispatchers["A5"].startswith("all-gather")
     assert platform["worker"] == "vllm_ascend_ext.worker.npu_worker.AscendNPUWorker"
     graphs = platform["graph_mode"]
     assert graphs["fia_models"]["mode"] == "FULL_DECODE_ONLY"

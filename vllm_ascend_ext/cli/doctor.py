@@ -131,9 +131,7 @@ def _npu_platform() -> dict:
                                "exchanged by vLLM's all-gather / reduce-scatter through the "
                                "plugin's communicator; EPLB and other --all2all-backend "
                                "values refused",
-            "ep_dispatcher": {family: "all-gather / reduce-scatter (vLLM's exchange); "
-                                      "all-to-all and MC2 not built"
-                              for family in ("A2", "A3", "A5")},
+            "ep_dispatcher": _ep_dispatchers(),
         },
         "gdn": _gdn_ops(),
     }
@@ -168,6 +166,28 @@ def _smoke(requested: bool, problems: list[str]) -> dict:
             problems.append(f"smoke {case['case']}: {detail}")
     return {"ran": True, "cases": {c["case"]: c.get("error") or c["measured"] for c in cases},
             "ok": all(c["ok"] for c in cases)}
+
+
+def _ep_dispatchers() -> dict:
+    """The expert-parallel token exchange per SoC family (moe/mc2.py's gate)."""
+    from vllm_ascend_ext.ops.moe_distribute_bounds import BOUNDS
+
+    out = {}
+    for family in ("A2", "A3", "A5"):
+        b = BOUNDS.get(family)
+        if b is None:
+            out[family] = "all-gather / reduce-scatter (MC2 is documented for A2/A3 only)"
+            continue
+        ep = (f"EP {'/'.join(map(str, b.ep_world_sizes))}" if b.ep_world_sizes
+              else f"EP {b.ep_range[0]}-{b.ep_range[1]}")
+        hidden = (f"hidden {b.hidden[0]}-{b.hidden[1]}" if b.hidden[0]
+                  else f"hidden up to {b.hidden[1]} (a multiple of {b.hidden_multiple})")
+        out[family] = (f"MC2 (npu_moe_distribute_dispatch_v2 / combine_v2) for float experts "
+                       f"in bf16/fp16 at {ep}, {hidden}, <= "
+                       f"{b.max_bs} tokens per rank per step; else all-gather / reduce-scatter")
+    out["setting"] = ("ascend_ext.moe_dispatch: auto | allgather | mc2; all-to-all not built "
+                      "(its split sizes are host reads)")
+    return out
 
 
 def _tiny_models() -> dict:
