@@ -221,6 +221,7 @@ def test_the_gate_takes_mc2_for_deepseek_widths_on_a3_and_says_why_not_elsewhere
         "dtype": (torch.float32, "float32"), "capacity": (513, "513 tokens per rank"),
         "hidden": (512, "hidden size 512 not in [1024, 7168]"),
         "family": ("A5", "A2/A3 only"), "top_k": (17, "top-k 17"),
+        "replicated": (True, "TP ranks hold the same tokens"),
     }
     for key, (value, needle) in cases.items():
         why = declined(_facts(**{key: value}))

@@ -17,7 +17,10 @@ come from ``global_bs``, a constant of the engine.
 The gate (``mc2_plan``, pure, decided once per layer when its weights are loaded, so every
 rank and step takes the same route; the operators are collectives) takes MC2 when:
 ``ascend_ext.moe_dispatch`` is not ``allgather``; vLLM runs an expert-parallel exchange
-for the layer (DP > 1 or sequence-parallel MoE, with ``--enable-expert-parallel``); the
+for the layer (DP > 1 or sequence-parallel MoE, with ``--enable-expert-parallel``); each
+EP rank holds tokens of its own (TP 1, or the MoE runs sequence-parallel: with TP > 1 and
+replicated tokens vLLM all-reduces the layer's output over TP, which would add every
+rank's complete MC2 result); the
 experts are placed linearly (rank ``r`` holds experts ``[r*L, (r+1)*L)``, the placement
 the operators assume); the activations are bf16/fp16; the experts are unquantized; and
 every documented bound (``ops/moe_distribute_bounds.py``) holds for the layer's sizes
@@ -64,6 +67,7 @@ class Mc2Facts:
     ep_world_size: int
     ep_rank: int
     capacity: int              # most tokens of one rank in one step
+    replicated: bool = False   # TP ranks hold the same tokens (TP > 1, MoE not seq-parallel)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,9 @@ def declined(f: Mc2Facts) -> list[str]:
         return ["no expert-parallel token exchange for this layer (MC2 needs "
                 "--enable-expert-parallel with data parallelism or sequence-parallel MoE)"]
     why = []
+    if f.replicated:
+        why.append("the TP ranks hold the same tokens (TP > 1 without sequence-parallel MoE): "
+                   "each would dispatch them and vLLM's TP all-reduce would add the copies")
     if f.quantized:
         why.append("quantized (W8A8) experts: their MC2 route is not built (all-gather)")
     if not f.linear:

@@ -90,7 +90,9 @@ def layer_mc2_facts(layer, shard: ExpertShard, quantized: bool) -> Mc2Facts:
         linear=shard.is_sharded and shard.start == par.ep_rank * shard.local_experts,
         quantized=quantized, dtype=moe.in_dtype, hidden=moe.hidden_dim, top_k=layer.top_k,
         experts=layer.global_num_experts, ep_world_size=par.ep_size, ep_rank=par.ep_rank,
-        capacity=-(-tokens // split))
+        capacity=-(-tokens // split),
+        replicated=vllm_config.parallel_config.tensor_parallel_size > 1
+        and not moe.is_sequence_parallel)
 
 
 def ep_group_name() -> str:

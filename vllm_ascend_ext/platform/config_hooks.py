@@ -89,7 +89,8 @@ def refuse_forced_mc2(vllm_config, family: str) -> None:
         linear=True, quantized=False, dtype=model.dtype, hidden=int(text.hidden_size),
         top_k=int(getattr(text, "num_experts_per_tok", 0) or 0), experts=experts,
         ep_world_size=world, ep_rank=0,
-        capacity=-(-tokens // par.tensor_parallel_size) if sp else tokens))
+        capacity=-(-tokens // par.tensor_parallel_size) if sp else tokens,
+        replicated=par.tensor_parallel_size > 1 and not sp))
     if why:
         raise Mc2Refused("ascend_ext.moe_dispatch is 'mc2' but MC2 cannot run here: "
                          + "; ".join(why) + " (use 'auto' or 'allgather')")
