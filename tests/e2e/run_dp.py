@@ -136,6 +136,9 @@ def _rank(rank: int, dp: int, port: int, args: dict, queue) -> None:
                               for i, o in zip(mine, outs)}))
 
 
+VISIBLE_ENV = "ASCEND_RT_VISIBLE_DEVICES"
+
+
 def _facts(wrapper) -> dict:
     """One rank's worker, runner, device runtime, ranks and group communicators (run
     through ``collective_rpc``; run_tp.py reports the same)."""
@@ -155,6 +158,7 @@ def _facts(wrapper) -> dict:
             "worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
             "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
             "dp_rank": get_dp_group().rank_in_group, "tp_rank": get_tp_group().rank_in_group,
+            "device_index": getattr(worker, "device_index", None), "visible_devices": os.environ.get(VISIBLE_ENV),
             "tp_communicator": type(get_tp_group().device_communicator).__name__,
             "ep_communicator": type(get_ep_group().device_communicator).__name__,
             "expert_shard": _first_shard(worker.model_runner.model),

@@ -6,8 +6,6 @@ reference (run_dp.py --dp 1)."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.e2e.conftest import REPO, child_env, run_script
+from tests.e2e.serve_checks import complete, first_traceback, kill_sessions, server_sessions, tails
 
 pytestmark = pytest.mark.e2e
 
@@ -154,17 +153,6 @@ def _serve(model: str, port: int | None, rpc: int, log, *, headless: bool) -> su
                             start_new_session=True)
 
 
-def _complete(port: int, model: str, prompt: str, max_tokens: int) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "logprobs": 1, "ignore_eos": True, "return_tokens_as_token_ids": True}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
-                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        lp = json.loads(r.read())["choices"][0]["logprobs"]
-    return {"tokens": [int(t.split(":", 1)[1]) for t in lp["tokens"]],
-            "logprobs": lp["token_logprobs"]}
-
-
 @pytest.mark.xdist_group("parallel")
 def test_two_nodes_on_loopback_serve_dp2_ep2_and_stop_cleanly(reference, tmp_path):
     """Two processes launched the way vLLM documents multi-node data parallelism (node 0:
@@ -186,16 +174,16 @@ def test_two_nodes_on_loopback_serve_dp2_ep2_and_stop_cleanly(reference, tmp_pat
                 nodes.append(_serve(model, port, rpc, log, headless=i == 1))
         deadline = time.monotonic() + 400
         while True:
-            assert all(n.poll() is None for n in nodes), _tails(paths)
-            assert time.monotonic() < deadline, "not ready\n" + _tails(paths)
+            assert all(n.poll() is None for n in nodes), tails(paths)
+            assert time.monotonic() < deadline, "not ready\n" + tails(paths)
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                     break
             except OSError:
                 time.sleep(1)
-        sessions = _server_sessions(nodes)
+        sessions = server_sessions(nodes)
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            got = list(pool.map(lambda i: _complete(port, model, PROMPTS[i], MAX_TOKENS[i]),
+            got = list(pool.map(lambda i: complete(port, model, PROMPTS[i], MAX_TOKENS[i]),
                                 range(len(PROMPTS))))
         time.sleep(5)    # the DP engines finish their wave (dummy batches) before the stop
         codes = []
@@ -203,7 +191,7 @@ def test_two_nodes_on_loopback_serve_dp2_ep2_and_stop_cleanly(reference, tmp_pat
             node.send_signal(signal.SIGTERM)
             codes.append(node.wait(timeout=120))
     finally:
-        sessions |= _server_sessions(nodes)
+        sessions |= server_sessions(nodes)
         for node in nodes:
             if node.poll() is None:
                 node.send_signal(signal.SIGTERM)
@@ -211,66 +199,11 @@ def test_two_nodes_on_loopback_serve_dp2_ep2_and_stop_cleanly(reference, tmp_pat
                     node.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     node.kill()
-        left = _kill_sessions(sessions)
+        left = kill_sessions(sessions)
     assert [g["tokens"] for g in got] == one["tokens"]
     assert max(abs(a - b) for g, ref in zip(got, one["logprobs"])
                for a, b in zip(g["logprobs"], ref)) < 1e-4
-    assert codes == [0, 0], _tails(paths)
+    assert codes == [0, 0], tails(paths)
     assert not left, left
-    tracebacks = [_traceback(path) for path in paths]
+    tracebacks = [first_traceback(path) for path in paths]
     assert not any(tracebacks), "\n----\n".join(tracebacks)
-
-
-def _server_sessions(nodes) -> set[int]:
-    """The sessions of the servers the plugin's supervisors started (each its own)."""
-    import psutil
-
-    found = set()
-    for node in nodes:
-        try:
-            found |= {c.pid for c in psutil.Process(node.pid).children()}
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
-def _kill_sessions(sessions: set[int]) -> list[int]:
-    """Kill what is left of those sessions (a failed start); the pids that were left."""
-    import psutil
-
-    left = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getsid(proc.pid) in sessions and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                left.append(proc.pid)
-                proc.kill()
-        except (OSError, psutil.Error):
-            pass
-    return left
-
-
-def _traceback(path) -> str:
-    """The first traceback in a node's log with the lines around it, or '' -- less the one
-    vLLM 0.32 itself logs at random on a graceful stop (vllm-project/vllm#48745: the API
-    server's output handler reads the EngineDeadError its own output queue posts when
-    shutdown cancels it): an ``AsyncLLM output_handler failed`` / EngineDeadError logged by
-    a process after that process's ``[shutdown]`` had begun."""
-    lines = path.read_text(errors="replace").splitlines()
-    for i, line in enumerate(lines):
-        if "Traceback" not in line:
-            continue
-        pid = line.split(")", 1)[0] + ")" if line.startswith("(") else None
-        stopping = pid is not None and any(
-            earlier.startswith(pid) and "[shutdown]" in earlier for earlier in lines[:i])
-        benign = (stopping and i > 0 and "AsyncLLM output_handler failed" in lines[i - 1]
-                  and any(nxt.startswith(pid) and "EngineDeadError" in nxt
-                          for nxt in lines[i + 1:i + 12]))
-        if not benign:
-            return f"{path.name}:\n" + "\n".join(lines[max(0, i - 10):i + 40])
-    return ""
-
-
-def _tails(paths) -> str:
-    from tests.e2e.nightly.serving import tail
-
-    return "\n----\n".join(tail(path, 60) for path in paths)

@@ -14,6 +14,8 @@ emulation's own set-up.
 
 from __future__ import annotations
 
+import os
+
 import psutil
 from vllm.logger import init_logger
 from vllm.platforms.cpu import CpuPlatform
@@ -21,10 +23,11 @@ from vllm.platforms.cpu import CpuPlatform
 from vllm_ascend_ext import envs
 from vllm_ascend_ext.contract import mode as contract_mode
 from vllm_ascend_ext.contract.oracle import VERSION as ORACLE_VERSION
-from vllm_ascend_ext.platform import kv_budget, startup
+from vllm_ascend_ext.platform import kv_budget, ray_env, startup
 from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.allocator import keep_large_blocks_in_heap
 from vllm_ascend_ext.platform.config_hooks import compile_cache_that_loads
+from vllm_ascend_ext.platform.npu import RAY_NOSET_VISIBLE
 from vllm_ascend_ext.platform.selection import select_attention_backend
 
 logger = init_logger("vllm.ascend_ext")
@@ -36,6 +39,11 @@ CPU_WORKER_CLS = "vllm_ascend_ext.worker.emulated.EmulatedAscendWorker"
 
 
 class EmulatedAscendPlatform(CpuPlatform):
+    # Ray places workers on "NPU" resources, as on an Atlas node: a local cluster declares
+    # them (``ray start --head --resources '{"NPU": N}'``), each one the CPU stand-in.
+    ray_device_key: str = "NPU"
+    ray_noset_device_env_vars: list[str] = [RAY_NOSET_VISIBLE]
+
     @classmethod
     def soc(cls) -> soc_table.Soc:
         return envs.emulated_soc()
@@ -141,6 +149,7 @@ class EmulatedAscendPlatform(CpuPlatform):
             # CPU worker's OpenMP binding; the NPU worker runs in the engine core, as on an
             # NPU (vLLM's one-rank executor), which spares a process start (~10 s).
             parallel.distributed_executor_backend = executor
+        cls._carry_plugin_env_to_ray(vllm_config)
         if start.facts.sparse_mla:
             # vLLM's CPU platform turns chunked prefill and prefix caching off for MLA
             # (its CPU MLA kernel); the SFA backend serves both, on its own block size.
@@ -154,6 +163,19 @@ class EmulatedAscendPlatform(CpuPlatform):
                     "on" if kept[0] else "off", "on" if kept[1] else "off")
             (sched.enable_chunked_prefill, cache.enable_prefix_caching,
              sched.max_num_batched_tokens) = kept
+
+    @staticmethod
+    def _carry_plugin_env_to_ray(vllm_config) -> None:
+        """On vLLM's Ray executor the actors pick this platform only if they see the
+        driver's ``ASCEND_EXT_*`` at import: into their runtime environment with them
+        (``platform/ray_env.py``)."""
+        parallel = vllm_config.parallel_config
+        if parallel.distributed_executor_backend != "ray":
+            return
+        from ray.runtime_env import RuntimeEnv
+
+        parallel.ray_runtime_env = RuntimeEnv(**ray_env.with_plugin_env(
+            parallel.ray_runtime_env, os.environ))
 
     @classmethod
     def _finish(cls, start: startup.Start) -> None:

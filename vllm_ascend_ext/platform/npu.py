@@ -28,6 +28,7 @@ PLATFORM_NAME = "ascend_ext-npu"
 # the graph wrapper vLLM's runner captures with (torch.cuda's graph names are routed to
 # torch.npu in the worker process: worker/npu_device.py).
 WORKER_CLS = "vllm_ascend_ext.worker.npu_worker.AscendNPUWorker"
+RAY_NOSET_VISIBLE = "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"
 GRAPH_WRAPPER_CLS = "vllm_ascend_ext.worker.npu_graph.AscendNPUGraphWrapper"
 SPAWN_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
@@ -76,6 +77,10 @@ class AscendNPUPlatform(Platform):
     device_type: str = "npu"
     dispatch_key: str = "PrivateUse1"
     ray_device_key: str = "NPU"
+    # Ray's NPU accelerator would narrow each actor to its own device in
+    # ASCEND_RT_VISIBLE_DEVICES; vLLM's Ray executor maps ranks to physical ids itself
+    # (``assigned_physical_gpu_ids``) and needs every device of the node visible.
+    ray_noset_device_env_vars: list[str] = [RAY_NOSET_VISIBLE]
     dist_backend: str = "hccl"
     device_control_env_var: str = "ASCEND_RT_VISIBLE_DEVICES"
     simple_compile_backend: str = "eager"

@@ -26,6 +26,7 @@ emulated worker's process only. Never imported on an NPU.
 from __future__ import annotations
 
 import contextlib
+import os
 import types
 
 import psutil
@@ -38,6 +39,19 @@ NAME = "cpu-npu-stand-in"
 # Devices the stand-in reports: an Atlas 800 A2 node's eight NPUs, so the ranks of one
 # emulated node (tensor / data parallel) each find "their" device; all of them are the CPU.
 STAND_IN_DEVICES = 8
+# As the NPU runtime, a process sees only the devices this variable lists, when it is set
+# (Ray's NPU accelerator sets it per actor unless told not to; see platform/npu.py).
+VISIBLE_ENV = "ASCEND_RT_VISIBLE_DEVICES"
+
+
+def visible_device_count(environ=os.environ) -> int:
+    """The devices the process sees: the stand-in node's eight, or as many as
+    ``ASCEND_RT_VISIBLE_DEVICES`` lists (those of the eight that exist)."""
+    listed = environ.get(VISIBLE_ENV)
+    if listed is None or not listed.strip():
+        return STAND_IN_DEVICES
+    ids = [x.strip() for x in listed.split(",") if x.strip()]
+    return sum(1 for x in ids if x.isdigit() and int(x) < STAND_IN_DEVICES)
 
 
 class Stream:
@@ -207,7 +221,7 @@ def make_runtime() -> types.ModuleType:
     rt.ExternalEvent = lambda: ExternalEvent(state)
 
     rt.Stream, rt.Event = Stream, Event
-    rt.device_count = lambda: STAND_IN_DEVICES
+    rt.device_count = visible_device_count
     rt.current_device = lambda: 0
     rt.set_device = lambda device: None
     rt.synchronize = lambda device=None: None

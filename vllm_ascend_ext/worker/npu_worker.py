@@ -38,12 +38,15 @@ from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environmen
 from vllm.v1.worker.utils import request_memory
 
 from vllm_ascend_ext.errors import AscendExtError
+from vllm_ascend_ext.platform.npu import AscendNPUPlatform
 from vllm_ascend_ext.worker import npu_device
 from vllm_ascend_ext.worker.orderly_stop import leave_ctrl_c_to_engine, log_final_summaries
 
 logger = init_logger("vllm.ascend_ext")
 
 CUDA_ONLY_PROFILERS = ("cuda", "proton")
+# The NPU runtime's (and the stand-in's) visible devices, whichever platform runs the worker.
+VISIBLE_ENV = AscendNPUPlatform.device_control_env_var
 
 
 def dp_adjusted_local_rank(parallel_config, local_rank: int) -> int:
@@ -94,10 +97,11 @@ class AscendNPUWorker(Worker):
         if self.local_rank >= count:
             raise AscendExtError(
                 f"NPU worker rank {self.rank} needs device {self.local_rank}, but "
-                f"{count} NPU(s) are visible ({current_platform.device_control_env_var}="
-                f"{_visible()!r}); "
+                f"{count} NPU(s) are visible ({VISIBLE_ENV}={_visible()!r}); "
                 "lower the parallel sizes or make more devices visible")
-        index = current_platform.logical_device_id_to_visible_device_id(self.local_rank)
+        # the visible ordinal, kept: the stand-in's device is the CPU whatever the index
+        self.device_index = index = current_platform.logical_device_id_to_visible_device_id(
+            self.local_rank)
         self.device = self.device_for(index)
         dev.set_device(self.device)
         npu_device.route_cuda_streams(dev)
@@ -172,4 +176,4 @@ class AscendNPUWorker(Worker):
 def _visible() -> str | None:
     import os
 
-    return os.environ.get(current_platform.device_control_env_var)
+    return os.environ.get(VISIBLE_ENV)
