@@ -35,7 +35,8 @@ def test_dry_run_passes_and_leaves_the_report(dry_run):
     res = json.loads((out / "results.json").read_text())
     stages = {s["name"]: s["status"] for s in res["stages"]}
     assert list(stages) == ["doctor", "NPU parity suite", "contract-mode smoke",
-                            "tiny models served", "real models served", "FIA split sweep"]
+                            "tiny models served", "real models served",
+                            "two-node DP + EP served", "FIA split sweep"]
     assert stages.pop("real models served") == "skip"
     assert set(stages.values()) == {"pass"}, res["stages"]
     md = (out / "report.md").read_text()
@@ -53,9 +54,10 @@ def test_every_setting_equals_its_baseline(dry_run):
     eq = {(g["model"], g["setting"]): g for g in res["gates"] if g["gate"].startswith("equality")}
     assert set(eq) == {("tiny-qwen3", "off"), ("tiny-qwen3", "auto"),
                        ("tiny-qwen-moe", "default"), ("tiny-qwen3-next", "auto"),
-                       ("tiny-dsa-w8a8", "auto")}
+                       ("tiny-dsa-w8a8", "auto"), ("tiny-dsa-w8a8-2node", "default")}
     assert eq[("tiny-qwen3", "auto")]["gate"] == "equality with plugin off (stock vLLM)"
     assert eq[("tiny-dsa-w8a8", "auto")]["gate"] == "equality with native"
+    assert eq[("tiny-dsa-w8a8-2node", "default")]["gate"] == "equality with one engine"
     assert all(g["ok"] and "tokens identical" in g["detail"] for g in eq.values())
     ran = {(g["model"], g["setting"]): g["ok"] for g in res["gates"] if "split" in g["gate"]}
     assert ran == {("tiny-qwen3", "off"): True, ("tiny-qwen3", "auto"): True,
@@ -77,3 +79,20 @@ def test_the_features_really_ran_and_speed_is_reported_not_gated(dry_run):
     assert not any(c["gated"] for c in res["comparisons"])
     for s in res["speed"]:
         assert len(s["runs"]) == 2 and all(r["completed"] == 16 for r in s["runs"])
+
+
+def test_the_two_node_recipe_served_over_two_processes_and_stopped_cleanly(dry_run):
+    """The two-node DP + EP stage: node 1 ran headless as DP rank 1, node 0 served the
+    API; both exited 0 on SIGTERM; throughput is reported (gated on an Atlas 800 only)."""
+    _, out = dry_run
+    res = json.loads((out / "results.json").read_text())
+    gates = {g["gate"]: g for g in res["gates"] if g["model"] == "tiny-dsa-w8a8-2node"}
+    assert set(gates) == {"serves greedy completions", "equality with one engine",
+                          "output throughput", "both nodes stop cleanly"}
+    assert all(g["ok"] for g in gates.values()), gates
+    assert gates["both nodes stop cleanly"]["detail"].startswith("exit codes [0, 0]")
+    assert "reported, not gated" in gates["output throughput"]["detail"]
+    node1 = (out / "logs" / "tiny-dsa-w8a8-2node-node1.log").read_text()
+    assert "--headless" in node1.splitlines()[0]
+    assert "--data-parallel-start-rank 1" in node1.splitlines()[0]
+    assert any(s["model"] == "tiny-dsa-w8a8-2node" for s in res["speed"])

@@ -24,6 +24,9 @@ def test_reports_the_npu_platform_facts_and_is_healthy_for_emulation(monkeypatch
     assert dispatchers["A3"].startswith("MC2") and "EP 2-384, hidden 1024-7168" in dispatchers["A3"]
     assert "EP 16/32/64" in dispatchers["A2"] and dispatchers["A5"].startswith("all-gather")
     assert platform["worker"] == "vllm_ascend_ext.worker.npu_worker.AscendNPUWorker"
+    executors = platform["communicator"]["executors"]
+    assert "--headless" in executors["mp"]
+    assert "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES" in executors["ray"]
     graphs = platform["graph_mode"]
     assert graphs["fia_models"]["mode"] == "FULL_DECODE_ONLY"
     assert "updated per replay" in graphs["fia_models"]["why"]

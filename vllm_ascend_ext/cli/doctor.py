@@ -114,10 +114,12 @@ def _npu_platform() -> dict:
                            "token exchange for DP (all-gather / reduce-scatter)",
             "verified": "over gloo in emulation (two-rank group; TP2 and DP2 == one engine "
                         "end to end); HCCL awaits hardware",
-            "tensor_parallel": "accepted; decode graphs off for TP x PP > 1",
+            "tensor_parallel": "accepted; decode graphs off for TP x PP > 1 (vLLM 0.32's "
+                               "graph-capture context asserts a CUDA/XPU communicator)",
             "data_parallel": "accepted, MoE experts split over DP x TP (all-gather / "
                              "reduce-scatter exchange)",
             "pipeline_parallel": "not refused; not tested here",
+            "executors": _executors(),
         },
         "block_size": {"fia": 128, "sfa": DEFAULT_BLOCK_SIZE},
         "fia_backend": AscendFIABackend.get_name(),
@@ -135,6 +137,22 @@ def _npu_platform() -> dict:
         },
         "gdn": _gdn_ops(),
     }
+
+
+def _executors() -> dict:
+    """The distributed executors the platform runs under, and whether Ray is installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from vllm_ascend_ext.platform.npu import RAY_NOSET_VISIBLE
+
+    try:
+        ray = f"Ray {version('ray')} installed"
+    except PackageNotFoundError:
+        ray = "Ray is not installed (pip install -e '.[ray]')"
+    return {"mp": "vLLM's multiprocess executor; multi-node DP as vLLM documents it "
+                  "(--headless on the other nodes)",
+            "ray": f"{ray}; workers placed on Ray's NPU resources, every device of a node "
+                   f"left visible ({RAY_NOSET_VISIBLE})"}
 
 
 def _gdn_ops() -> dict:

@@ -91,8 +91,8 @@ REAL = (
      "(8 x 64 GB)"),
     ("NIGHTLY_DSA_W8A8", "sfa", "sfa.preprocess", ("native", "auto"), 0.90, 16,
      "DeepSeek-V3.2 / GLM-5 W8A8 (~700 GB of int8 weights): TP 16 on one Atlas 800 A3 "
-     "(16 x 64 GB); it does not fit one Atlas 800 A2 (8 x 64 GB = 512 GB), and two A2 "
-     "nodes are a multi-node run this single-runner suite does not start"),
+     "(16 x 64 GB); it does not fit one Atlas 800 A2 (8 x 64 GB = 512 GB): on A2 nodes, "
+     "NIGHTLY_DSA_W8A8_2NODE (the two-node stage)"),
 )
 
 
@@ -121,3 +121,41 @@ def real_models(npu_devices: int, environ: dict[str, str] | None = None,
             feature, settings, None, args, {}, float(env.get(f"{var}_GSM8K_MIN") or floor),
             tp, topology, skip))
     return out
+
+
+# The two-node recipe: DeepSeek-V3.2 / GLM-5 W8A8 as DP2 x TP8 with EP16 over two Atlas 800
+# A2 nodes, launched the way vLLM documents multi-node DP (docs/distributed.md).
+TWO_NODE_VAR = "NIGHTLY_DSA_W8A8_2NODE"
+TWO_NODE_TOPOLOGY = ("DeepSeek-V3.2 / GLM-5 W8A8 on two Atlas 800 A2 nodes: DP2 x TP8 + EP16, "
+                     "node 0 (this runner) serves the API, node 1 runs headless")
+# vLLM's DP flags of both nodes; the address and RPC port are added per run.
+_DP = ("--data-parallel-size", "2", "--data-parallel-size-local", "1",
+       "--enable-expert-parallel")
+
+
+def two_node_model(npu_devices: int, *, dry: bool,
+                   environ: dict[str, str] | None = None) -> ServedModel:
+    """The recipe's model: the embedded tiny DSA W8A8 in a dry run (two local "nodes",
+    TP1 each), else the checkpoint ``NIGHTLY_DSA_W8A8_2NODE`` names (TP8 per node;
+    skipped, saying why, without it, without node 1's launcher or with fewer NPUs)."""
+    if dry:
+        return ServedModel("tiny-dsa-w8a8-2node", tiny_dsa_path(quantized=True), "sfa",
+                           serve_args=_CPU + _DP, topology="two loopback nodes, DP2 + EP2")
+    env = os.environ if environ is None else environ
+    path, tp = env.get(TWO_NODE_VAR), int(env.get(f"{TWO_NODE_VAR}_TP") or 8)
+    skip = None
+    if not path:
+        skip = f"{TWO_NODE_VAR} is not set ({TWO_NODE_TOPOLOGY})"
+    elif not os.path.isdir(path):
+        skip = f"{TWO_NODE_VAR}={path} is not a directory on this runner"
+    elif not env.get("NIGHTLY_NODE1_LAUNCH") or not env.get("NIGHTLY_NODE0_ADDRESS"):
+        skip = ("NIGHTLY_NODE1_LAUNCH (how to run a command on node 1) and "
+                "NIGHTLY_NODE0_ADDRESS (this node's address node 1 reaches) must be set")
+    elif npu_devices < tp:
+        skip = f"needs {tp} NPUs per node, this runner has {npu_devices}"
+    args = ("--dtype", "bfloat16", "--tensor-parallel-size", str(tp), "--max-model-len",
+            "8192", "--no-enable-prefix-caching", *_DP)
+    return ServedModel(os.path.basename(os.path.normpath(path)) + "-2node" if path
+                       else TWO_NODE_VAR.lower(), path, "sfa", serve_args=args,
+                       gsm8k_floor=float(env.get(f"{TWO_NODE_VAR}_GSM8K_MIN") or 0.90),
+                       min_devices=tp, topology=TWO_NODE_TOPOLOGY, skip=skip)

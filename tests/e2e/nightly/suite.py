@@ -4,8 +4,8 @@
 
 Stages, in order (each runs even when an earlier one failed; the exit status is 1 when
 any gate failed): doctor -> NPU parity suite -> contract-mode smoke -> the embedded tiny
-models served -> the real models the runner's environment names, served -> the FIA split
-sweep. ``--dry-run`` runs all of it on the CPU in emulation.
+models served -> the real models the runner's environment names, served -> the two-node
+DP + EP recipe (``two_node.py``) -> the FIA split sweep. ``--dry-run`` runs all of it on the CPU in emulation.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from pathlib import Path
 
 from tests.e2e.conftest import run_script
 from tests.e2e.nightly import gates, report
-from tests.e2e.nightly.models import ServedModel, real_models, tiny_models
+from tests.e2e.nightly.models import ServedModel, real_models, tiny_models, two_node_model
 from tests.e2e.nightly.serving import Server
+from tests.e2e.nightly.two_node import TwoNodes, throughput_gate
 
 REPO = Path(__file__).resolve().parents[3]
 # Equality of greedy completions: fp32 on the CPU (summation order only); bf16 on an NPU.
@@ -44,6 +45,7 @@ class Run:
         self.npu_devices = 0
         self.doctor_ok = False
         self.split_on = "auto"  # the feature-on mixed_split value (doctor sets it)
+        self.completions: dict[tuple[str, str], list[dict]] = {}  # (model, setting) -> greedy
         self.res: dict = {"mode": "dry run" if self.dry else "Atlas 800",
                           "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                           "host": platform.node(), "stages": [], "gates": [], "speed": [],
@@ -126,6 +128,14 @@ class Run:
         return self.serve_all(real_models(self.npu_devices, split_on=self.split_on),
                               BENCH["real"], gate_speed=True)
 
+    def two_node(self):
+        m = two_node_model(self.npu_devices, dry=self.dry)
+        if m.skip:
+            self.gate(m.name, "-", "skipped", True, m.skip)
+            return "skip", m.skip
+        ok = self.serve_two_nodes(m, BENCH["dry" if self.dry else "real"])
+        return ("pass" if ok else "fail"), f"{m.name}: {m.topology}"
+
     def sweep(self):
         png = self.out / "split_sweep.png"
         small = ["--shapes", "qwen3-8b:tp8,qwen3-next-80b:tp4", "--decodes", "4", "--prefill",
@@ -172,7 +182,7 @@ class Run:
                 completions["stock"] = srv.greedy()
         for setting in m.settings:
             with Server(m, setting, logs / f"{m.name}-{setting}.log", emulate=self.dry) as srv:
-                completions[setting] = srv.greedy()
+                completions[setting] = self.completions[(m.name, setting)] = srv.greedy()
                 if questions:
                     accuracy[setting] = gates.gsm8k_accuracy(srv.chat_answers(questions), answers)
                 if m.feature is not None:
@@ -227,6 +237,41 @@ class Run:
         return ok
 
 
+    def serve_two_nodes(self, m: ServedModel, bench_shape) -> bool:
+        """The two-node recipe (``two_node.py``): completions, GSM8K, ``bench serve``,
+        then the stop; its gates."""
+        questions, answers = gsm8k_subset() if m.gsm8k_floor is not None else ([], [])
+        inp, outp, n, conc = bench_shape
+        nodes = TwoNodes(m, self.out / "logs", dry=self.dry)
+        with nodes as srv:
+            got = srv.greedy()
+            acc = gates.gsm8k_accuracy(srv.chat_answers(questions), answers) if questions else 0
+            runs = [_figures(srv.bench(self.out / "logs", f"{m.name}-bench{i}", input_len=inp,
+                                       output_len=outp, num_prompts=n, concurrency=conc))
+                    for i in range(self.repeats)]
+        self.res["speed"].append({"model": m.name, "setting": "DP2 + EP", "runs": runs})
+        finite = all(x == x for c in got for x in c["logprobs"])
+        ok = self.gate(m.name, "default", "serves greedy completions", finite,
+                       f"{len(got)} prompts over two nodes, finite logprobs: {finite}")
+        if self.dry:  # the same tiny model served by one engine in the tiny stage
+            one = self.completions.get(("tiny-dsa-w8a8", "auto"))
+            v = (gates.equality(got, one, TOL["cpu"]) if one else
+                 gates.Verdict(False, "the tiny stage served no one-engine tiny-dsa-w8a8"))
+            ok &= self.gate(m.name, "default", "equality with one engine", v.ok, v.detail)
+        if questions:
+            v = gates.accuracy(acc, m.gsm8k_floor, None)
+            ok &= self.gate(m.name, "default", f"GSM8K ({len(questions)} questions)", v.ok,
+                            v.detail)
+        elif m.gsm8k_floor is not None:
+            ok &= self.gate(m.name, "-", "GSM8K", False,
+                            "NIGHTLY_GSM8K_JSONL is not set (GSM8K's test split, JSON lines)")
+        tps_ok, detail = throughput_gate(runs, dry=self.dry)
+        ok &= self.gate(m.name, "default", "output throughput", tps_ok, detail)
+        clean = nodes.exit_codes == [0, 0]
+        return ok & self.gate(m.name, "default", "both nodes stop cleanly", clean,
+                              f"exit codes {nodes.exit_codes} (the API node first)")
+
+
 def split_counts(log: Path) -> list[int]:
     """The ``split=`` counts the FIA builders log at shutdown (``mixed_steps=N split=M``)."""
     text = log.read_text(errors="replace") if log.exists() else ""
@@ -269,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for name, fn in (("NPU parity suite", run.parity), ("contract-mode smoke", run.contract),
                      ("tiny models served", run.tiny), ("real models served", run.real),
+                     ("two-node DP + EP served", run.two_node),
                      ("FIA split sweep", run.sweep)):
         run.stage(name, fn)
     run.res["passed"] = all(s["status"] != "fail" for s in run.res["stages"])
