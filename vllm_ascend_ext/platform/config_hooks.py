@@ -174,12 +174,15 @@ def exact_host_lists_with_speculation(vllm_config) -> None:
 def hybrid_prefix_caching_off(vllm_config, facts: ModelFacts | None = None) -> str | None:
     """Hybrid (Gated-DeltaNet) models: prefix caching off, with the reason (or None).
 
-    vLLM turns prefix caching into its "align" state-cache mode for hybrid models: the
-    linear-attention layers must write state checkpoints at block boundaries during
-    prefill, and with speculative decoding the runner copies states with Triton-only
-    kernels. The plugin's GDN layers write neither yet, so a prefix hit would resume from
-    a state nobody wrote. Runs after vLLM's own hybrid hook, before block sizes are
-    aligned (``update_block_size_for_backend``), so the "none" mode's sizes apply.
+    vLLM turns prefix caching into its "align" state-cache mode for hybrid models: each
+    request's state lives in the slot of the block holding its last scheduled token, and
+    before every step vLLM's runner copies the previous block's slot into the new one
+    (``mamba_utils.preprocess_mamba``) through a raw-pointer Triton kernel
+    (``batch_memcpy_kernel``), with two more Triton-only kernels under speculative
+    decoding. The NPU platform has no substitute for those copies yet (vLLM's CPU platform
+    has one for the first only), so both platforms keep the mode off. Runs after vLLM's
+    own hybrid hook, before block sizes are aligned (``update_block_size_for_backend``),
+    so the "none" mode's sizes apply.
     """
     model, cache = vllm_config.model_config, vllm_config.cache_config
     if not facts_of(vllm_config, facts).hybrid:
