@@ -32,6 +32,7 @@ import types
 import psutil
 import torch
 
+from vllm_ascend_ext.platform.npu import AscendNPUPlatform
 from vllm_ascend_ext.worker import cpu_npu_graph
 from vllm_ascend_ext.worker.cpu_npu_graph import CpuGraph, GraphCaptureError
 
@@ -41,7 +42,7 @@ NAME = "cpu-npu-stand-in"
 STAND_IN_DEVICES = 8
 # As the NPU runtime, a process sees only the devices this variable lists, when it is set
 # (Ray's NPU accelerator sets it per actor unless told not to; see platform/npu.py).
-VISIBLE_ENV = "ASCEND_RT_VISIBLE_DEVICES"
+VISIBLE_ENV = AscendNPUPlatform.device_control_env_var
 
 
 def visible_device_count(environ=os.environ) -> int:
