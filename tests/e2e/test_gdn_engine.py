@@ -47,8 +47,8 @@ def test_plain_decoding_matches_hugging_face(plain):
     assert plain["gdn_ops"][0]["prefill"] == "npu_chunk_gated_delta_rule"
     assert plain["tokens"] == plain["hf_tokens"]
     assert _max_logprob_gap(plain["logprobs"], plain["hf_logprobs"]) < LOGPROB_TOL_HF
-    # vLLM's default (prefix caching -> align mode) is turned off for the GDN layers
-    assert plain["prefix_caching"] is False and plain["mamba_cache_mode"] == "none"
+    # vLLM's default for hybrid models (prefix caching -> align mode) is kept
+    assert plain["prefix_caching"] is True and plain["mamba_cache_mode"] == "align"
 
 
 def test_speculative_decoding_with_chunked_prefill_matches_plain(plain, spec):

@@ -253,3 +253,39 @@ def test_the_backends_validation_takes_exactly_the_selector_configs_fields():
     for backend in (AscendFIABackend, AscendSFABackend):
         params = set(inspect.signature(backend.validate_configuration).parameters)
         assert params == set(AttentionSelectorConfig._fields) | {"device_capability"}
+
+
+def _hybrid_config(prefix_caching: bool):
+    from vllm.config import CacheConfig, ModelConfig, VllmConfig
+
+    return VllmConfig(model_config=ModelConfig(model=str(MODELS / "tiny_qwen3_next"),
+                                               dtype=torch.bfloat16, skip_tokenizer_init=True),
+                      cache_config=CacheConfig(enable_prefix_caching=prefix_caching))
+
+
+def test_a_hybrid_model_keeps_vllms_align_mode_on_both_platforms(environ, monkeypatch):
+    for platform in (AscendNPUPlatform, EmulatedAscendPlatform):
+        config = _hybrid_config(True)
+        config.parallel_config.worker_cls = "auto"
+        platform.check_and_update_config(config)
+        cache = config.cache_config
+        assert (cache.enable_prefix_caching, cache.mamba_cache_mode) == (True, "align")
+
+
+def test_a_hybrid_model_with_a_kv_connector_turns_prefix_caching_off(environ):
+    from vllm.config import KVTransferConfig
+
+    from vllm_ascend_ext.platform.config_hooks import hybrid_prefix_caching_off
+
+    plain = _hybrid_config(True)
+    assert hybrid_prefix_caching_off(plain) is None
+    assert plain.cache_config.mamba_cache_mode == "align"
+    config = _hybrid_config(True)
+    config.kv_transfer_config = KVTransferConfig(kv_connector="ExampleConnector",
+                                                 kv_role="kv_both")
+    why = hybrid_prefix_caching_off(config)
+    assert "KV connector" in why and "Gated-DeltaNet" in why
+    cache = config.cache_config
+    assert (cache.enable_prefix_caching, cache.mamba_cache_mode) == (False, "none")
+    assert cache.mamba_block_size == config.model_config.max_model_len
+    assert hybrid_prefix_caching_off(_hybrid_config(False)) is None

@@ -160,7 +160,9 @@ def _gdn_ops() -> dict:
     from vllm_ascend_ext.attention.gdn.ops_table import gdn_ops_for
 
     out = {"layer": "vllm_ascend_ext.attention.gdn.layer.AscendGatedDeltaNet",
-           "prefix_caching": "off for hybrid models (no align-mode state checkpoints yet)"}
+           "prefix_caching": "vLLM's align mode (--enable-prefix-caching, on by default): "
+                             "block checkpoints, state copies on host-staged addresses; "
+                             "off with a KV connector"}
     for family in ("A2", "A3", "A5"):
         ops = gdn_ops_for(family, state_dtype="bfloat16")
         out[family] = {"decode": ops.decode, "prefill": ops.prefill, "conv": ops.conv}

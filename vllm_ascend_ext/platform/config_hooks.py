@@ -172,15 +172,16 @@ def exact_host_lists_with_speculation(vllm_config) -> None:
 
 
 def hybrid_prefix_caching_off(vllm_config, facts: ModelFacts | None = None) -> str | None:
-    """Hybrid (Gated-DeltaNet) models: prefix caching off, with the reason (or None).
+    """Hybrid (Gated-DeltaNet) models: prefix caching off, with the reason, where it still
+    cannot work (or None).
 
-    vLLM turns prefix caching into its "align" state-cache mode for hybrid models: each
-    request's state lives in the slot of the block holding its last scheduled token, and
-    before every step vLLM's runner copies the previous block's slot into the new one
-    (``mamba_utils.preprocess_mamba``) through a raw-pointer Triton kernel
-    (``batch_memcpy_kernel``), with two more Triton-only kernels under speculative
-    decoding. The NPU platform has no substitute for those copies yet (vLLM's CPU platform
-    has one for the first only), so both platforms keep the mode off. Runs after vLLM's
+    vLLM turns prefix caching into its "align" state-cache mode for hybrid models (0.32 has
+    no other mode besides "none"): each request's state lives in the slot of the block
+    holding its last computed token, the slot of every block it leaves behind is that
+    block's checkpoint, and the runner's state copies run on the NPU runner's own
+    (``worker/mamba_state_copy.py``, ``worker/mamba_spec_copies.py``). What stays off: a KV
+    connector (P/D disaggregation), which moves KV blocks but not the plugin's GDN states,
+    so a decode instance would resume from states it never received. Runs after vLLM's
     own hybrid hook, before block sizes are aligned (``update_block_size_for_backend``),
     so the "none" mode's sizes apply.
     """
@@ -189,13 +190,15 @@ def hybrid_prefix_caching_off(vllm_config, facts: ModelFacts | None = None) -> s
         return None
     if not cache.enable_prefix_caching and cache.mamba_cache_mode == "none":
         return None
+    if vllm_config.kv_transfer_config is None:
+        return None
     cache.enable_prefix_caching = False
     if cache.mamba_cache_mode != "none":
         cache.mamba_cache_mode = "none"
         cache.mamba_block_size = model.max_model_len
-    return (f"prefix caching is off for the hybrid model {model.architecture}: the plugin's "
-            "Gated-DeltaNet layers do not write vLLM's align-mode state checkpoints yet "
-            "(and vLLM's speculative state copies for that mode are Triton-only)")
+    return (f"prefix caching is off for the hybrid model {model.architecture} with a KV "
+            "connector: the connector transfers KV blocks, not the Gated-DeltaNet layers' "
+            "conv and recurrent states that align mode checkpoints per block")
 
 
 AOT_COMPILE_ENV = "VLLM_USE_AOT_COMPILE"

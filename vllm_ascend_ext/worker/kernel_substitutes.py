@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from vllm_ascend_ext.worker.mamba_state_copy import BATCH_MEMCPY, batch_memcpy
+
 SLOT_MAPPING = "vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel"
 
 
@@ -175,6 +177,7 @@ SUBSTITUTES = {
     _RS + "rejection_random_sample_kernel": rejection_random_sample,
     _RS + "expand_kernel": expand,
     _RS + "sample_recovered_tokens_kernel": sample_recovered_tokens,
+    BATCH_MEMCPY: batch_memcpy,
 }
 
 _DRAFTERS = ("the drafter's input kernels have no NPU substitute yet: the NPU platform "
@@ -185,9 +188,6 @@ UNREACHED = {
     "vllm.v1.spec_decode.utils.eagle_prepare_next_token_padded_kernel": _DRAFTERS,
     "vllm.v1.spec_decode.utils.copy_and_expand_eagle_inputs_kernel": _DRAFTERS,
     "vllm.v1.spec_decode.utils.copy_and_expand_dflash_inputs_kernel": _DRAFTERS,
-    "vllm.v1.worker.mamba_utils.batch_memcpy_kernel": (
-        "mamba state copies run in the 'align' cache mode (hybrid prefix caching) only, "
-        "which both platforms turn off (config_hooks.hybrid_prefix_caching_off)"),
 }
 
 

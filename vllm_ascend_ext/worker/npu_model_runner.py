@@ -11,7 +11,8 @@ cache layers, so no NPU kernel needs a layout vLLM does not give.
 What it changes: new KV blocks of hybrid models are zeroed by slicing
 (``worker/kv_zeroing.py``) instead of vLLM's Triton zeroing kernel; a seeded request
 whose partial-prefill sample is discarded gets its generator's offset back exactly
-(``worker/seeded_draws.py``); vLLM's runner wraps
+(``worker/seeded_draws.py``); hybrid prefix caching's state copies run on host-staged
+addresses and block ids (``worker/mamba_state_copy.py``); vLLM's runner wraps
 the model for FULL graphs in ``CUDAGraphWrapper`` itself (not through the platform's
 wrapper class); ``load_model`` re-wraps that model in ``AscendNPUGraphWrapper``, which
 updates FIA's graph tasks before every replay.
@@ -25,6 +26,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_ascend_ext.worker import seeded_draws
 from vllm_ascend_ext.worker.kv_zeroing import zero_blocks
+from vllm_ascend_ext.worker.mamba_state_copy import align_mode_buffers
 from vllm_ascend_ext.worker.npu_graph import AscendNPUGraphWrapper
 
 
@@ -45,6 +47,14 @@ class AscendNPUModelRunner(GPUModelRunner):
             seeded_draws.restore(self.input_batch.generators, before,
                                  self.discard_request_mask.np[:self.input_batch.num_reqs])
         return output
+
+    def _get_mamba_bufs(self):
+        # Align mode (hybrid prefix caching): vLLM's state copies take raw device
+        # addresses in Triton; the NPU's copies take host-staged addresses and block ids
+        # (worker/mamba_state_copy.py, worker/mamba_spec_copies.py).
+        if self._mamba_bufs is None:
+            self._mamba_bufs = align_mode_buffers(self)
+        return self._mamba_bufs
 
     def _init_kv_zero_meta(self) -> None:
         # vLLM's zeroer precomputes raw addresses for its Triton kernel; not used here.

@@ -1,0 +1,161 @@
+"""Hybrid prefix caching (vLLM's "align" mode) on the embedded tiny Qwen3-Next, emulated;
+prints one ``RESULT {json}`` line.
+
+    python tests/e2e/run_gdn_prefix.py [--caching on|off] [--dtype float32] [--spec]
+                                       [--corrupt neighbour-block]
+
+The workload (``waves``): two prompt families, each a shared prefix of several blocks and
+its own suffixes. Wave 1 serves one request per family, wave 2 (after wave 1 finished)
+four more whose prefixes are wave 1's, so with caching on they resume from the
+checkpoints wave 1 left; prompts end a few tokens before a block boundary, so decodes
+cross one, and a small token budget cuts the prompts into chunks that continue a state.
+``--spec``: ngram speculation with 3 drafts. ``--variant JSON``: a checkpoint of another
+configuration (``make_tiny_qwen3_next.save_variant``), e.g. every expert taken, so that
+bf16 runs have no routing near-ties. ``--corrupt neighbour-block``: the negative
+control, a test-only patch: every state copy across a block boundary reads the
+neighbouring (previous) block's checkpoint instead of the request's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+VOCAB = 1024
+
+
+def waves(block: int) -> list[list[list[int]]]:
+    """[wave 1 prompts, wave 2 prompts] as token ids (repeating phrases, so ngram
+    speculation finds drafts). Family A shares a prefix of four blocks and then diverges
+    (a system prompt); family B's second wave extends its first prompt (a conversation's
+    next turn). vLLM's align mode keeps the checkpoint of a prompt's last full block."""
+    rng = random.Random(7)
+
+    def text(n: int) -> list[int]:
+        phrase = [rng.randrange(4, VOCAB) for _ in range(rng.randrange(5, 12))]
+        return (phrase * (n // len(phrase) + 1))[:n]
+
+    a, b = text(4 * block + 17), text(3 * block + 40)
+    return [[a + text(block - 22), b],
+            [a + text(block - 25), a + text(9), b + text(block // 2 + 3), b + text(block - 38)]]
+
+
+def corrupt(kind: str) -> None:
+    from vllm.v1.worker import mamba_utils
+
+    if kind != "neighbour-block":
+        raise SystemExit(f"unknown --corrupt {kind}")
+    original = mamba_utils.collect_mamba_copy_meta
+
+    def neighbour(copy_bufs, kv_cache_config, funcs, group_ids, src_block_idx, *rest):
+        return original(copy_bufs, kv_cache_config, funcs, group_ids,
+                        max(src_block_idx - 1, 0), *rest)
+    mamba_utils.collect_mamba_copy_meta = neighbour
+
+
+def observe_copies() -> dict:
+    """Which implementation vLLM's state-copy kernels dispatch to, and what the NPU runner's
+    copies did (observation only: wraps, changes nothing; the device reads are the CPU's)."""
+    from vllm_ascend_ext.worker import mamba_spec_copies, mamba_state_copy
+
+    seen = {"batch_memcpy": 0, "precopy_rows": 0, "postcopy_rows": 0}
+    locate = mamba_state_copy.StateMemory.locate
+
+    def counted(self, address, size):
+        seen["batch_memcpy"] += 1
+        return locate(self, address, size)
+    mamba_state_copy.StateMemory.locate = counted
+    cls = mamba_spec_copies.AlignSpecCopies
+    pre, post, copy = cls.run_fused_precopy, cls.run_fused_postprocess, cls._copy
+    phase = {"now": None}
+
+    def copy_counted(self, rows, src_col, dst_col, bias, need, width):
+        seen[phase["now"]] += int(need.sum())
+        return copy(self, rows, src_col, dst_col, bias, need, width)
+
+    def in_phase(name, fn):
+        def run(self, *args, **kwargs):
+            phase["now"] = name
+            return fn(self, *args, **kwargs)
+        return run
+    cls._copy = copy_counted
+    cls.run_fused_precopy = in_phase("precopy_rows", pre)
+    cls.run_fused_postprocess = in_phase("postcopy_rows", post)
+    return seen
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--caching", choices=("on", "off"), default="on")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--spec", action="store_true")
+    p.add_argument("--budget", type=int, default=96)
+    p.add_argument("--max-tokens", type=int, default=12)
+    p.add_argument("--corrupt")
+    p.add_argument("--variant", help="JSON overrides of the embedded model's config")
+    args = p.parse_args()
+    if args.corrupt:
+        corrupt(args.corrupt)
+    seen = observe_copies()
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from vllm_ascend_ext.models import tiny_qwen3_next_path
+
+    kwargs = {}
+    if args.spec:
+        kwargs["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3,
+                                        "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    path = tiny_qwen3_next_path()
+    if args.variant:
+        import tempfile
+
+        from vllm_ascend_ext.models.make_tiny_qwen3_next import save_variant
+
+        path = str(save_variant(tempfile.mkdtemp(prefix="tiny-qwen3-next-"),
+                                json.loads(args.variant)))
+    llm = LLM(model=path, dtype=args.dtype, seed=0, max_model_len=2048,
+              max_num_batched_tokens=args.budget, max_num_seqs=8, enforce_eager=True,
+              enable_prefix_caching=args.caching == "on", **kwargs)
+    cache = llm.llm_engine.vllm_config.cache_config
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
+    result = {"prefix_caching": cache.enable_prefix_caching,
+              "mamba_cache_mode": cache.mamba_cache_mode, "block_size": cache.block_size,
+              "waves": []}
+    for prompts in waves(cache.block_size):
+        outs = llm.generate([TokensPrompt(prompt_token_ids=t) for t in prompts], sp,
+                            use_tqdm=False)
+        result["waves"].append({
+            "prompt_lens": [len(t) for t in prompts],
+            "cached": [o.num_cached_tokens or 0 for o in outs],
+            "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids,
+                                                         o.outputs[0].logprobs)]
+                         for o in outs]})
+    from engine_info import engine_info
+    from vllm.triton_utils.dispatcher import _registry
+
+    impl = _registry.get("vllm.v1.worker.mamba_utils.batch_memcpy_kernel", (None, None))[1]
+    seen["batch_memcpy"] //= 2          # two addresses located per copy
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    bufs = getattr(runner, "_mamba_bufs", None)
+    result["copies"] = {**seen, "substitute": f"{impl.__module__}.{impl.__name__}",
+                        "spec_context": type(getattr(bufs, "postprocess_align", None)).__name__}
+    result["engine"] = engine_info(llm)
+    from vllm_ascend_ext.contract import mode
+
+    if mode.enabled():
+        h = mode.harness()
+        result["contract"] = {"violations": h.violations, "summary": h.summary()}
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
