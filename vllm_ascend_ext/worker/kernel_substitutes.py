@@ -9,8 +9,11 @@ NPU platform registers the substitutes below: device-generic torch, no host sync
 kernels' own argument order. Every kernel the CPU platform overrides is either
 substituted here (``SUBSTITUTES``) or kept off the NPU path (``UNREACHED``, each with
 the check that keeps it off); ``tests/ut/test_kernel_substitutes.py`` holds vLLM's list
-to that. vLLM's KV-block zeroing kernel, outside the registry, is replaced by the NPU
-runner's ``_zero_block_ids`` (``worker/kv_zeroing.py``).
+to that. ``batch_memcpy_kernel`` (hybrid prefix caching's state copies) takes the
+address lists the NPU runner keeps on the host (``worker/mamba_state_copy.py``). Outside
+the registry: vLLM's KV-block zeroing kernel, replaced by the NPU runner's
+``_zero_block_ids`` (``worker/kv_zeroing.py``), and its fused align-mode copies under
+speculation, replaced by the runner's ``AlignSpecCopies`` (``worker/mamba_spec_copies.py``).
 """
 
 from __future__ import annotations
