@@ -9,7 +9,8 @@ its own suffixes. Wave 1 serves one request per family, wave 2 (after wave 1 fin
 four more whose prefixes are wave 1's, so with caching on they resume from the
 checkpoints wave 1 left; prompts end a few tokens before a block boundary, so decodes
 cross one, and a small token budget cuts the prompts into chunks that continue a state.
-``--spec``: ngram speculation with 3 drafts. ``--variant JSON``: a checkpoint of another
+``--spec``: ngram speculation with 3 drafts. ``--mixed-split on``: the full-attention
+layer splits its mixed prefill/decode steps (reported as ``split``). ``--variant JSON``: a checkpoint of another
 configuration (``make_tiny_qwen3_next.save_variant``), e.g. every expert taken, so that
 bf16 runs have no routing near-ties. ``--corrupt neighbour-block``: the negative
 control, a test-only patch: every state copy across a block boundary reads the
@@ -99,6 +100,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--corrupt")
     p.add_argument("--variant", help="JSON overrides of the embedded model's config")
+    p.add_argument("--mixed-split", default="auto", help="ascend_ext.mixed_split value")
     args = p.parse_args()
     if args.corrupt:
         corrupt(args.corrupt)
@@ -123,7 +125,8 @@ def main() -> None:
                                 json.loads(args.variant)))
     llm = LLM(model=path, dtype=args.dtype, seed=0, max_model_len=2048,
               max_num_batched_tokens=args.budget, max_num_seqs=8, enforce_eager=True,
-              enable_prefix_caching=args.caching == "on", **kwargs)
+              enable_prefix_caching=args.caching == "on",
+              additional_config={"ascend_ext": {"mixed_split": args.mixed_split}}, **kwargs)
     cache = llm.llm_engine.vllm_config.cache_config
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
     result = {"prefix_caching": cache.enable_prefix_caching,
@@ -146,6 +149,8 @@ def main() -> None:
     seen["batch_memcpy"] //= 2          # two addresses located per copy
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     bufs = getattr(runner, "_mamba_bufs", None)
+    result["split"] = [[b.stats.mixed, b.stats.split] for g in runner._attn_group_iterator()
+                       for b in g.metadata_builders if hasattr(b, "stats")]
     result["copies"] = {**seen, "substitute": f"{impl.__module__}.{impl.__name__}",
                         "spec_context": type(getattr(bufs, "postprocess_align", None)).__name__}
     result["engine"] = engine_info(llm)

@@ -4,8 +4,9 @@ sharing prefixes of several blocks (``run_gdn_prefix.py``), with prefix caching 
 
 - fp32: on == off (tokens identical, logprobs within 1e-4); wave 2 hits wave 1's blocks
   (vLLM's cached-token counts) and the state copies ran on the NPU runner's substitute;
-- fp32 with ngram speculation (3 drafts) and caching on == caching off without it; the
-  speculative copies (``AlignSpecCopies``) ran;
+- fp32 with ngram speculation (3 drafts), the mixed split on and caching on == caching
+  off without them; the speculative copies (``AlignSpecCopies``) moved rows before and
+  after steps, the full-attention layer split every mixed step;
 - bf16 (every expert taken, so no routing near-ties): tokens identical, logprobs within
   bf16's chunking noise, contract mode 0 violations;
 - negative control: resuming from the neighbouring block's checkpoint changes the tokens.
@@ -69,8 +70,10 @@ def test_caching_on_equals_off_and_hits_the_second_wave(on, off):
 
 
 def test_ngram_speculation_with_caching_equals_plain_without(off):
-    spec = _run("--caching", "on", "--spec")
+    spec = _run("--caching", "on", "--spec", "--mixed-split", "on")
     _hits(spec, spec["block_size"])
+    assert spec["split"] and all(split == mixed > 0 for mixed, split in spec["split"]), \
+        spec["split"]
     copies = spec["copies"]
     assert copies["spec_context"] == "AlignSpecCopies"
     assert copies["precopy_rows"] > 0 and copies["postcopy_rows"] > 0, copies
