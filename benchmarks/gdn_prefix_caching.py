@@ -12,8 +12,8 @@ wave 1's conversation (its prompt plus a new turn). Per variant and wave it prin
 prompt tokens, the tokens vLLM served from the prefix cache (its per-request
 ``num_cached_tokens``, and its ``vllm:prefix_cache_hits`` / ``queries`` counters over the
 run), the prefill tokens computed, their ratio to caching off, and the state copies the
-NPU runner issued (``batch_memcpy`` copies and bytes; rows the speculative pre/post copies
-moved). Token counts and copies are hardware-independent; the emulated seconds are the
+NPU runner issued (``batch_memcpy`` copies and bytes; rows whose state the speculative
+pre/post copies moved). Token counts and copies are hardware-independent; the emulated seconds are the
 CPU's, shown only beside each other.
 """
 
@@ -63,7 +63,7 @@ def child(variant: str, families: int, followers: int, max_tokens: int) -> dict:
         return locate(self, address, size)
 
     def spec_counted(self, rows, src_col, dst_col, bias, need, width):
-        copies["spec_rows"] += int(need.sum())
+        copies["spec_rows"] += int((need & ((dst_col != src_col) | (bias != 0))).sum())
         return spec_copy(self, rows, src_col, dst_col, bias, need, width)
     mamba_state_copy.StateMemory.locate = counted
     mamba_spec_copies.AlignSpecCopies._copy = spec_counted

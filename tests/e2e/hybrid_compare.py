@@ -109,6 +109,10 @@ def plugin_engine(model: str, args):
         kwargs["num_gpu_blocks_override"] = args.kv_blocks
     if args.block_size:
         kwargs["block_size"] = args.block_size
+    if args.layers is not None:
+        # the layer capture records every position's computation; the teacher-forced pass
+        # would otherwise resume from the prefix-cache checkpoints of the generation pass
+        kwargs["enable_prefix_caching"] = False
     return LLM(model=model, dtype=args.dtype, seed=0, max_model_len=args.max_model_len,
                max_num_batched_tokens=args.budget, enforce_eager=args.eager or args.layers
                is not None, additional_config={"ascend_ext": {}}, **kwargs)

@@ -4,11 +4,13 @@ prints one ``RESULT {json}`` line.
     python tests/e2e/run_gdn_prefix.py [--caching on|off] [--dtype float32] [--spec]
                                        [--corrupt neighbour-block]
 
-The workload (``waves``): two prompt families, each a shared prefix of several blocks and
-its own suffixes. Wave 1 serves one request per family, wave 2 (after wave 1 finished)
-four more whose prefixes are wave 1's, so with caching on they resume from the
-checkpoints wave 1 left; prompts end a few tokens before a block boundary, so decodes
-cross one, and a small token budget cuts the prompts into chunks that continue a state.
+The workload: two request families in two waves (``first_wave``, ``second_wave``). Wave 1
+serves one request per family, wave 2 (after wave 1 finished) four more whose prefixes
+are wave 1's: two questions after A's shared system prompt, two next turns of
+conversation B (its prompt and its answer, which crossed a block boundary while
+decoding), so with caching on they resume from the checkpoints wave 1 left, at a prompt's
+last full block and at a block completed while decoding. A small token budget cuts the
+prompts into chunks that continue a state.
 ``--spec``: ngram speculation with 3 drafts. ``--mixed-split on``: the full-attention
 layer splits its mixed prefill/decode steps (reported as ``split``). ``--variant JSON``: a checkpoint of another
 configuration (``make_tiny_qwen3_next.save_variant``), e.g. every expert taken, so that
@@ -31,20 +33,31 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VOCAB = 1024
 
 
-def waves(block: int) -> list[list[list[int]]]:
-    """[wave 1 prompts, wave 2 prompts] as token ids (repeating phrases, so ngram
-    speculation finds drafts). Family A shares a prefix of four blocks and then diverges
-    (a system prompt); family B's second wave extends its first prompt (a conversation's
-    next turn). vLLM's align mode keeps the checkpoint of a prompt's last full block."""
-    rng = random.Random(7)
+def text_maker(seed: int = 7):
+    """Token-id text of ``n`` tokens: a random phrase repeated (ngram speculation finds
+    drafts in it)."""
+    rng = random.Random(seed)
 
     def text(n: int) -> list[int]:
         phrase = [rng.randrange(4, VOCAB) for _ in range(rng.randrange(5, 12))]
         return (phrase * (n // len(phrase) + 1))[:n]
+    return text
 
-    a, b = text(4 * block + 17), text(3 * block + 40)
-    return [[a + text(block - 22), b],
-            [a + text(block - 25), a + text(9), b + text(block // 2 + 3), b + text(block - 38)]]
+
+def first_wave(block: int, text) -> tuple[list[int], list[int]]:
+    """Family A: a prefix of four blocks plus 17 tokens (a system prompt), then its own
+    question; family B: a conversation ending 5 tokens before a block boundary, so that its
+    answer crosses it while decoding."""
+    return text(4 * block + 17), text(4 * block - 5)
+
+
+def second_wave(block: int, text, a: list[int], b: list[int],
+                b_answer: list[int]) -> list[list[int]]:
+    """Two more questions after A's system prompt; two next turns of conversation B (its
+    prompt, its answer, a new message). vLLM's align mode keeps the checkpoint of a
+    prompt's last full block and the blocks a request completes while decoding."""
+    return [a + text(block - 25), a + text(9), b + b_answer + text(block // 2 + 3),
+            b + b_answer + text(block - 38)]
 
 
 def corrupt(kind: str) -> None:
@@ -77,7 +90,8 @@ def observe_copies() -> dict:
     phase = {"now": None}
 
     def copy_counted(self, rows, src_col, dst_col, bias, need, width):
-        seen[phase["now"]] += int(need.sum())
+        # rows that really move state (not the identity writes of a row staying put)
+        seen[phase["now"]] += int((need & ((dst_col != src_col) | (bias != 0))).sum())
         return copy(self, rows, src_col, dst_col, bias, need, width)
 
     def in_phase(name, fn):
@@ -132,7 +146,9 @@ def main() -> None:
     result = {"prefix_caching": cache.enable_prefix_caching,
               "mamba_cache_mode": cache.mamba_cache_mode, "block_size": cache.block_size,
               "waves": []}
-    for prompts in waves(cache.block_size):
+    text, block = text_maker(), cache.block_size
+
+    def serve(prompts):
         outs = llm.generate([TokensPrompt(prompt_token_ids=t) for t in prompts], sp,
                             use_tqdm=False)
         result["waves"].append({
@@ -142,6 +158,12 @@ def main() -> None:
             "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids,
                                                          o.outputs[0].logprobs)]
                          for o in outs]})
+        return outs
+    a, b = first_wave(block, text)
+    one = serve([a + text(block - 22), b])
+    # wave 2 continues B with the answer it was given (the run's own: a control that
+    # changes it is compared on the whole second wave anyway)
+    serve(second_wave(block, text, a, b, list(one[1].outputs[0].token_ids)))
     from engine_info import engine_info
     from vllm.triton_utils.dispatcher import _registry
 

@@ -50,11 +50,13 @@ def _tokens(r: dict) -> list:
 
 
 def _hits(r: dict, block: int) -> None:
-    """Wave 1 hits nothing; every wave-2 request resumes from whole blocks of wave 1."""
+    """Wave 1 hits nothing; every wave-2 request resumes from whole blocks: A's questions
+    from the system prompt's last full block, B's first next turn from its first prompt's
+    last full block (vLLM keeps no checkpoint of a block a request completed while
+    decoding), the second from the first's prompt."""
     one, two = r["waves"]
     assert one["cached"] == [0, 0]
-    assert all(c > 0 and c % block == 0 for c in two["cached"]), two["cached"]
-    assert two["cached"] == [4 * block, 4 * block, 3 * block, 3 * block]
+    assert two["cached"] == [4 * block, 4 * block, 3 * block, 4 * block], two["cached"]
 
 
 def test_caching_on_equals_off_and_hits_the_second_wave(on, off):

@@ -29,9 +29,12 @@ import numpy as np
 import torch
 from vllm.model_executor.layers.mamba.mamba_utils import (
     get_conv_copy_spec,
+    get_temporal_copy_spec,
     is_conv_state_dim_first,
 )
 from vllm.v1.worker.mamba_utils import MambaSpecDecodeGPUContext, _get_mamba_spec_for_layer
+
+from vllm_ascend_ext.errors import AscendExtError
 
 
 def _h2d(values, device: torch.device) -> torch.Tensor:
@@ -88,7 +91,14 @@ class AlignSpecCopies(MambaSpecDecodeGPUContext):
             for name in group.layer_names:
                 spec = _get_mamba_spec_for_layer(group, name)
                 funcs = mamba_state_copy_funcs[spec.mamba_type]
-                for state, func in zip(forward_context[name].kv_cache, funcs):
+                states = forward_context[name].kv_cache
+                if len(states) < len(funcs) or any(
+                        f not in (get_conv_copy_spec, get_temporal_copy_spec) for f in funcs):
+                    raise AscendExtError(
+                        f"align-mode state copies: layer {name} has {len(states)} state "
+                        f"tensors for copy functions {[f.__name__ for f in funcs]}; only "
+                        "vLLM's conv and temporal copies are served")
+                for state, func in zip(states, funcs):
                     self.states.append((state, func is get_conv_copy_spec))
                     self.state_groups.append(local)
         self.is_initialized = True

@@ -100,11 +100,18 @@ def batch_memcpy(src_ptrs: torch.Tensor, dst_ptrs: torch.Tensor, sizes: torch.Te
 
 
 def host_buffer(*size: int, dtype: torch.dtype):
-    """A ``CpuGpuBuffer`` whose "device" side is host memory: the copy addresses vLLM's
-    runner stages are consumed on the host by ``batch_memcpy``."""
+    """A ``CpuGpuBuffer`` whose "device" side is its host side: the values vLLM's runner
+    stages for its state copies are consumed on the host (``batch_memcpy``,
+    ``AlignSpecCopies``), so ``copy_to_gpu`` copies nothing and pins nothing."""
     from vllm.v1.utils import CpuGpuBuffer
 
-    return CpuGpuBuffer(*size, dtype=dtype, device=torch.device("cpu"), pin_memory=False)
+    class HostBuffer(CpuGpuBuffer):
+        def copy_to_gpu(self, n: int | None = None) -> torch.Tensor:
+            return self.cpu if n is None else self.cpu[:n]
+
+    buf = HostBuffer(*size, dtype=dtype, device=torch.device("cpu"), pin_memory=False)
+    buf.gpu = buf.cpu
+    return buf
 
 
 def mamba_states(kv_cache_config, forward_context) -> list[torch.Tensor]:
