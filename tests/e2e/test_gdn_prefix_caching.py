@@ -22,7 +22,10 @@ from tests.e2e.conftest import run_script
 
 pytestmark = pytest.mark.e2e
 FP32_TOL = 1e-4            # measured: 1.8e-5 (the chunks differ: align mode cuts at blocks)
-BF16_TOL = 0.15            # measured: 0.074 on the cached wave, 0.093 on wave 1 (no hits)
+# bf16: align mode cuts the prompts into other chunks than caching off, and the tiny
+# model's sharp logits turn bf16 rounding into logprob gaps of ~0.1 without any cache hit
+# (measured: wave 1, no hits, 0.145; wave 2, resumed from checkpoints, 0.101)
+BF16_TOL = 0.25
 ALL_EXPERTS = json.dumps({"num_experts_per_tok": 4})
 
 
