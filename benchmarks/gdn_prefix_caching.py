@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
-import sys
 import time
+
+from emulated_child import run_child
 
 VARIANTS = ("off", "on", "on+ngram")
 VOCAB = 1024
@@ -127,19 +126,9 @@ def main() -> None:
     if args.child:
         print("RESULT " + json.dumps(child(args.child, *sizes)))
         return
-    env = dict(os.environ, ASCEND_EXT_EMULATE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    results = {}
-    for variant in VARIANTS:
-        proc = subprocess.run([sys.executable, __file__, "--child", variant, "--families",
-                               str(args.families), "--followers", str(args.followers),
-                               "--max-tokens", str(args.max_tokens)],
-                              env=env, capture_output=True, text=True, check=False)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if proc.returncode or line is None:
-            sys.stderr.write(proc.stderr[-4000:])
-            raise SystemExit(f"{variant} run failed (rc {proc.returncode})")
-        results[variant] = json.loads(line[len("RESULT "):])
+    results = {variant: run_child(__file__, variant, "--families", str(args.families), "--followers",
+                                 str(args.followers), "--max-tokens", str(args.max_tokens))
+               for variant in VARIANTS}
     print(table(results))
 
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from collections import Counter, defaultdict
+
+from emulated_child import run_child
 
 VARIANTS = ("plain", "ngram-3")
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.item")
@@ -88,18 +87,9 @@ def main() -> None:
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.prompts, args.max_tokens)))
         return
-    env = dict(os.environ, ASCEND_EXT_EMULATE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    results = {}
-    for variant in VARIANTS:
-        proc = subprocess.run([sys.executable, __file__, "--child", variant, "--prompts",
-                               str(args.prompts), "--max-tokens", str(args.max_tokens)],
-                              env=env, capture_output=True, text=True, check=False)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if proc.returncode or line is None:
-            sys.stderr.write(proc.stderr[-4000:])
-            raise SystemExit(f"{variant} run failed (rc {proc.returncode})")
-        results[variant] = json.loads(line[len("RESULT "):])
+    results = {variant: run_child(__file__, variant, "--prompts", str(args.prompts), "--max-tokens",
+                                 str(args.max_tokens))
+               for variant in VARIANTS}
     print(table(results))
 
 
