@@ -10,7 +10,8 @@ kernels' own argument order. Every kernel the CPU platform overrides is either
 substituted here (``SUBSTITUTES``) or kept off the NPU path (``UNREACHED``, each with
 the check that keeps it off); ``tests/ut/test_kernel_substitutes.py`` holds vLLM's list
 to that. ``batch_memcpy_kernel`` (hybrid prefix caching's state copies) takes the
-address lists the NPU runner keeps on the host (``worker/mamba_state_copy.py``). Outside
+address lists the NPU runner keeps on the host (``worker/mamba_state_copy.py``); the
+drafters' (EAGLE, MTP, DFlash) input kernels live in ``worker/drafter_substitutes.py``. Outside
 the registry: vLLM's KV-block zeroing kernel, replaced by the NPU runner's
 ``_zero_block_ids`` (``worker/kv_zeroing.py``), and its fused align-mode copies under
 speculation, replaced by the runner's ``AlignSpecCopies`` (``worker/mamba_spec_copies.py``).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_ascend_ext.worker.drafter_substitutes import SUBSTITUTES as DRAFTER_SUBSTITUTES
 from vllm_ascend_ext.worker.mamba_state_copy import BATCH_MEMCPY, batch_memcpy
 
 SLOT_MAPPING = "vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel"
@@ -181,17 +183,12 @@ SUBSTITUTES = {
     _RS + "expand_kernel": expand,
     _RS + "sample_recovered_tokens_kernel": sample_recovered_tokens,
     BATCH_MEMCPY: batch_memcpy,
+    **DRAFTER_SUBSTITUTES,
 }
 
-_DRAFTERS = ("the drafter's input kernels have no NPU substitute yet: the NPU platform "
-             "serves ngram speculation only (platform/config_hooks.py)")
-UNREACHED = {
-    "vllm.v1.spec_decode.utils.eagle_step_slot_mapping_metadata_kernel": _DRAFTERS,
-    "vllm.v1.spec_decode.utils.eagle_prepare_inputs_padded_kernel": _DRAFTERS,
-    "vllm.v1.spec_decode.utils.eagle_prepare_next_token_padded_kernel": _DRAFTERS,
-    "vllm.v1.spec_decode.utils.copy_and_expand_eagle_inputs_kernel": _DRAFTERS,
-    "vllm.v1.spec_decode.utils.copy_and_expand_dflash_inputs_kernel": _DRAFTERS,
-}
+# Kernels vLLM's CPU platform overrides that the NPU path never launches, each with the
+# check that keeps it off. None today: the drafters' input kernels are substituted.
+UNREACHED: dict[str, str] = {}
 
 
 def register() -> None:
