@@ -4,12 +4,18 @@ weights) served in emulation; prints one ``RESULT {json}`` line.
     python tests/e2e/run_gdn.py [--spec] [--budget N] [--dtype float32] [--hf]
                                 [--corrupt accepted-offset|state-index] [--count-ops]
 
-``--spec``: ngram speculation with 3 drafts. ``--hf``: also greedy-decode the same
+``--spec``: ngram speculation with 3 drafts. ``--mtp K``: MTP speculation with K drafts
+(the checkpoint's own MTP layer; ``--oracle FILE RATE``: a deterministic RATE of the
+drafts replaced by FILE's plain greedy continuation, so that drafts are accepted as well as
+rejected; the untrained MTP layer alone agrees with the model ~3% of the time).
+``--ragged``: each prompt its own ``max_tokens`` (requests finish mid-draft). ``--hf``: also greedy-decode the same
 prompts with Hugging Face transformers' Qwen3-Next (fp32, its own PyTorch GDN code) on the
 same weights, as the independent reference. ``--corrupt``: negative controls inside the
 plugin's GDN path (test-only patches): ``accepted-offset`` makes every verify row resume
 from slot column 0, ignoring the accepted count; ``state-index`` points every decode
-token's state slot at its neighbour's.
+token's state slot at its neighbour's; ``drafted-count`` advances every verify row's
+state by its drafted instead of its accepted count; ``verify-slot`` makes the target's
+full-attention verify rows read one KV slot past their sequence.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+
+import torch
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -54,8 +62,86 @@ def corrupt(kind: str) -> None:
                 md.recurrent.token_slots = md.recurrent.token_slots.roll(1)
             return md
         builder.AscendGdnMetadataBuilder.build_from_spans = build
+    elif kind == "drafted-count":
+        original_build = builder.AscendGdnMetadataBuilder.build
+
+        def build(self, common_prefix_len, cam, num_accepted_tokens=None, *a, **k):
+            if num_accepted_tokens is not None:
+                num_accepted_tokens = torch.full_like(num_accepted_tokens, self.num_spec + 1)
+            return original_build(self, common_prefix_len, cam, num_accepted_tokens, *a, **k)
+        builder.AscendGdnMetadataBuilder.build = build
+    elif kind == "verify-slot":
+        from vllm_ascend_ext.attention.fia import builder as fia_builder
+
+        original_lists = fia_builder.host_lists
+
+        def host_lists(cu_q, kv_lens, num_actual_tokens):
+            q = [cu_q[i + 1] - cu_q[i] for i in range(len(kv_lens))]
+            kv_lens = [n + 1 if 1 < q[i] <= 4 else n for i, n in enumerate(kv_lens)]
+            return original_lists(cu_q, kv_lens, num_actual_tokens)
+        fia_builder.host_lists = host_lists
     else:
         raise SystemExit(f"unknown --corrupt {kind}")
+
+
+def count_substitutes() -> dict:
+    """Calls of each drafter-kernel substitute (observation only: counting wrappers put in
+    the substitutes' table before the engine registers it)."""
+    import functools
+
+    from vllm_ascend_ext.worker import drafter_substitutes, kernel_substitutes
+
+    calls = {name.rsplit(".", 1)[-1]: 0 for name in drafter_substitutes.SUBSTITUTES}
+
+    def counted(name, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+    for name, fn in drafter_substitutes.SUBSTITUTES.items():
+        kernel_substitutes.SUBSTITUTES[name] = counted(name.rsplit(".", 1)[-1], fn)
+    return calls
+
+
+def oracle_drafts(runner, plain_file: str, rate: float) -> dict:
+    """Test harness: replace a deterministic ``rate`` of the drafter's proposals by the
+    plain run's continuation (chosen by prompt and position, so every run picks the same
+    ones). Device ops only: the proposals never come to the host."""
+    import inspect
+
+    with open(plain_file) as f:
+        plain = json.load(f)
+    full = {tuple(p): (i, list(p) + list(t))
+            for i, (p, t) in enumerate(zip(plain["prompt_token_ids"], plain["tokens"]))}
+    width = max(len(s) for _, s in full.values())
+    cls = type(runner.drafter)
+    original = cls.propose
+    sig = inspect.signature(original)
+    seen = {"steps": 0}
+
+    def propose(self, *args, **kwargs):
+        drafts = original(self, *args, **kwargs)
+        bound = sig.bind(self, *args, **kwargs).arguments
+        b, k = drafts.shape
+        idx = bound.get("token_indices_to_sample")
+        if idx is None:
+            idx = bound["common_attn_metadata"].query_start_loc[1:b + 1] - 1
+        last = bound["target_positions"][idx.long()].long()      # the last verified token
+        rows, prompt_idx = [], []
+        for rid in runner.input_batch.req_ids[:b]:
+            i, seq = full[tuple(runner.requests[rid].prompt_token_ids)]
+            rows.append(seq + [-1] * (width - len(seq)))
+            prompt_idx.append(i)
+        seqs = torch.tensor(rows, device=drafts.device)
+        pidx = torch.tensor(prompt_idx, device=drafts.device).unsqueeze(1)
+        at = last.unsqueeze(1) + 2 + torch.arange(k, device=drafts.device)
+        want = seqs.gather(1, at.clamp(max=width - 1))
+        pick = ((at * 31 + pidx * 17) % 100 < int(rate * 100)) & (at < width) & (want >= 0)
+        seen["steps"] += 1
+        return torch.where(pick, want.to(drafts.dtype), drafts)
+    cls.propose = propose
+    return seen
 
 
 def observe_steps() -> dict:
@@ -77,6 +163,18 @@ def observe_steps() -> dict:
         return md
     builder.AscendGdnMetadataBuilder.build_from_spans = build
     return seen
+
+
+def spec_metrics(llm) -> dict:
+    """vLLM's speculative-decoding counters (drafts, draft tokens, accepted tokens, and
+    accepted tokens per draft position), read from the engine's metrics."""
+    out: dict = {}
+    for m in llm.get_metrics():
+        if not m.name.startswith("vllm:spec_decode"):
+            continue
+        key = m.name.removeprefix("vllm:spec_decode_")
+        out[key] = list(m.values) if hasattr(m, "values") else m.value
+    return out
 
 
 def hf_greedy(path: str, prompt_ids: list[list[int]], max_tokens: int):
@@ -102,10 +200,13 @@ def hf_greedy(path: str, prompt_ids: list[list[int]], max_tokens: int):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--spec", action="store_true")
+    p.add_argument("--mtp", type=int, default=0, help="MTP speculation with this many drafts")
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--oracle", nargs=2, metavar=("PLAIN_RESULT", "RATE"))
+    p.add_argument("--ragged", action="store_true")
     p.add_argument("--hf", action="store_true")
     p.add_argument("--corrupt")
     p.add_argument("--count-ops", action="store_true")
@@ -116,6 +217,7 @@ def main() -> None:
     if args.corrupt:
         corrupt(args.corrupt)
     seen = observe_steps()
+    substitute_calls = count_substitutes()
 
     from vllm import LLM, SamplingParams
 
@@ -125,13 +227,18 @@ def main() -> None:
     if args.spec:
         kwargs["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3,
                                         "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    if args.mtp:
+        kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.mtp}
     path = tiny_qwen3_next_path()
-    llm = LLM(model=path, dtype=args.dtype, seed=0, max_model_len=512,
+    llm = LLM(model=path, disable_log_stats=False, dtype=args.dtype, seed=0, max_model_len=512,
               max_num_batched_tokens=args.budget, max_num_seqs=16, enforce_eager=args.eager,
               additional_config={"ascend_ext": {"mixed_split": args.mixed_split,
                                                  "layer_ops": args.layer_ops}}, **kwargs)
-    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
+    n_prompts = len(PROMPTS[:args.num_prompts])
+    sp = [SamplingParams(max_tokens=args.max_tokens - (3 * (i % 3) if args.ragged else 0),
+                         temperature=0.0, logprobs=1, ignore_eos=True) for i in range(n_prompts)]
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    oracle = oracle_drafts(runner, args.oracle[0], float(args.oracle[1])) if args.oracle else None
     model = runner.model
     counter = None
     if args.count_ops:
@@ -167,6 +274,14 @@ def main() -> None:
     from engine_info import engine_info
 
     result["engine"] = engine_info(llm)
+    result["spec_metrics"] = spec_metrics(llm)
+    result["substitute_calls"] = substitute_calls
+    result["oracle_steps"] = oracle["steps"] if oracle else 0
+    accept = runner.spec_acceptance() if hasattr(runner, "spec_acceptance") else None
+    if accept is not None:
+        result["acceptance"] = {"drafts": accept.drafts, "draft_tokens": accept.draft_tokens,
+                                "per_position": accept.per_position(),
+                                "summary": accept.summary()}
     if counter is not None:
         result["steps"] = [{"kind": s.kind, "in_layers": dict(s.in_layers),
                             "syncs_in_layers": sum(s.in_layers.get(n, 0) for n in SYNC_OPS)}

@@ -1,6 +1,6 @@
 """The NPU platform's substitutes for vLLM's Triton kernels (``worker/kernel_substitutes``):
-every kernel vLLM 0.32's CPU platform overrides is substituted or named unreachable (and
-kept off by a refusal); the slot-mapping substitute equals an explicit loop and vLLM's own
+every kernel vLLM 0.32's CPU platform overrides is substituted (the drafters' input kernels
+in ``test_drafter_substitutes.py``); drafter methods other than ngram and MTP are refused; the slot-mapping substitute equals an explicit loop and vLLM's own
 CPU kernel, context parallelism and padding included."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_every_kernel_vllm_overrides_is_substituted_or_named_unreachable(monkeyp
     assert not stale, stale
 
 
-def test_the_npu_serves_ngram_speculation_and_refuses_drafter_methods():
+def test_the_npu_serves_ngram_and_mtp_and_refuses_other_drafters():
     from types import SimpleNamespace
 
     from vllm_ascend_ext.errors import AscendExtError
@@ -45,11 +45,18 @@ def test_the_npu_serves_ngram_speculation_and_refuses_drafter_methods():
         exact_host_lists_with_speculation,
         refuse_speculation_without_substitutes,
     )
+    from vllm_ascend_ext.platform.facts import ModelFacts
 
+    hybrid = ModelFacts(present=True, hybrid=True)
+    sfa = ModelFacts(present=True, use_mla=True, sparse_mla=True)
     refuse_speculation_without_substitutes(None)
-    refuse_speculation_without_substitutes(SimpleNamespace(method="ngram"))
-    with pytest.raises(AscendExtError, match="method 'eagle'.*no NPU substitute"):
-        refuse_speculation_without_substitutes(SimpleNamespace(method="eagle"))
+    refuse_speculation_without_substitutes(SimpleNamespace(method="ngram"), sfa)
+    refuse_speculation_without_substitutes(SimpleNamespace(method="mtp"), hybrid)
+    for method in ("eagle", "eagle3", "draft_model", "dflash"):
+        with pytest.raises(AscendExtError, match=f"method '{method}'.*not verified.*'ngram' or 'mtp'"):
+            refuse_speculation_without_substitutes(SimpleNamespace(method=method), hybrid)
+    with pytest.raises(AscendExtError, match="method 'mtp'.*sparse-attention.*not served"):
+        refuse_speculation_without_substitutes(SimpleNamespace(method="mtp"), sfa)
     config = SimpleNamespace(speculative_config=SimpleNamespace(method="ngram"),
                              scheduler_config=SimpleNamespace(async_scheduling=True))
     exact_host_lists_with_speculation(config)

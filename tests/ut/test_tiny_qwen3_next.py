@@ -27,7 +27,7 @@ def test_shipped_weights_config_and_tokenizer_match_the_generator():
     assert json.loads((TINY_QWEN3_NEXT / "config.json").read_text()) == gen.CONFIG
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (TINY_QWEN3_NEXT / name).read_bytes() == (TINY_QWEN3 / name).read_bytes(), name
-    assert (TINY_QWEN3_NEXT / "model.safetensors").stat().st_size < 2.5 * 2**20
+    assert (TINY_QWEN3_NEXT / "model.safetensors").stat().st_size < 3 * 2**20   # MTP included
 
 
 def test_config_is_a_hybrid_qwen3_next():

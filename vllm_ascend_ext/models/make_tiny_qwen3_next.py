@@ -71,9 +71,11 @@ CONFIG = {
     "bos_token_id": 1,
     "eos_token_id": 0,
     "torch_dtype": "float32",
+    "num_nextn_predict_layers": 1,
 }
 
 STORAGE_DTYPE = torch.bfloat16
+MTP_HIDDEN_SCALE = 0.3
 
 
 def _is_moe_layer(c: dict, i: int) -> bool:
@@ -81,19 +83,79 @@ def _is_moe_layer(c: dict, i: int) -> bool:
             and (i + 1) % c.get("decoder_sparse_step", 1) == 0)
 
 
+def _layer_weights(p: str, kind: str, moe: bool, c: dict, lin, offset) -> dict[str, torch.Tensor]:
+    """One decoder layer's weights under prefix ``p``: ``kind`` is ``linear_attention``
+    (Gated DeltaNet) or ``full_attention``; an MoE block when ``moe``, else a dense MLP."""
+    h, hd = c["hidden_size"], c["head_dim"]
+    nq, nkv = c["num_attention_heads"], c["num_key_value_heads"]
+    nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv, kern = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
+    key_dim, value_dim = nk * dk, nv * dv
+    g = lin.generator
+    w = {p + "input_layernorm.weight": offset(h), p + "post_attention_layernorm.weight": offset(h)}
+    if kind == "linear_attention":
+        q = p + "linear_attn."
+        # Rows per key head: qkvz [q (dk), k (dk), v (nv/nk * dv), z (nv/nk * dv)],
+        # ba [b (nv/nk), a (nv/nk)].
+        w[q + "in_proj_qkvz.weight"] = lin(2 * key_dim + 2 * value_dim, h)
+        w[q + "in_proj_ba.weight"] = lin(2 * nv, h)
+        w[q + "conv1d.weight"] = torch.randn(2 * key_dim + value_dim, 1, kern,
+                                             generator=g) / kern**0.5
+        a = torch.empty(nv).uniform_(math.log(0.1), 0.0, generator=g)
+        w[q + "A_log"] = a  # exp(A_log) in [0.1, 1]
+        w[q + "dt_bias"] = 1.0 + 0.3 * torch.randn(nv, generator=g)
+        w[q + "norm.weight"] = 1.0 + 0.1 * torch.randn(dv, generator=g)  # plain gain
+        w[q + "out_proj.weight"] = lin(h, value_dim)
+    else:
+        q = p + "self_attn."
+        # Per head: [query (hd), gate (hd)].
+        w[q + "q_proj.weight"] = lin(nq * hd * 2, h)
+        w[q + "k_proj.weight"] = lin(nkv * hd, h)
+        w[q + "v_proj.weight"] = lin(nkv * hd, h)
+        w[q + "o_proj.weight"] = lin(h, nq * hd) * 2.0  # makes up for the sigmoid gate
+        w[q + "q_norm.weight"] = offset(hd, 0.6, 0.2)
+        w[q + "k_norm.weight"] = offset(hd, 0.6, 0.2)
+    if moe:
+        w.update(moe_layer_weights(p, c, lin))
+    else:  # a dense SwiGLU MLP (mlp_only_layers, decoder_sparse_step)
+        w[p + "mlp.gate_proj.weight"] = lin(c["intermediate_size"], h)
+        w[p + "mlp.up_proj.weight"] = lin(c["intermediate_size"], h)
+        w[p + "mlp.down_proj.weight"] = lin(h, c["intermediate_size"])
+    return w
+
+
+def _mtp_weights(c: dict, lin, offset) -> dict[str, torch.Tensor]:
+    """The multi-token-prediction layers (``num_nextn_predict_layers``), under the HF
+    checkpoint's ``mtp.`` prefix, which vLLM's ``Qwen3NextMTP`` loads (it shares the main
+    model's ``embed_tokens`` and ``lm_head``): ``pre_fc_norm_embedding`` /
+    ``pre_fc_norm_hidden``, ``fc`` over ``[embedding, hidden]``, one full-attention MoE
+    decoder layer each, ``norm``. Untrained, the drafts still agree with the model often
+    enough to accept some and reject others: ``fc`` passes the next token's embedding
+    through (identity plus noise), the way the main model's residual stream carries it to
+    its ``lm_head``, and mixes in the target's hidden state at a third of the scale."""
+    h = c["hidden_size"]
+    w = {}
+    for k in range(c.get("num_nextn_predict_layers", 0)):
+        if k == 0:
+            w["mtp.pre_fc_norm_embedding.weight"] = offset(h)
+            w["mtp.pre_fc_norm_hidden.weight"] = offset(h)
+            embed_half = torch.eye(h) + 0.1 * lin(h, h)
+            w["mtp.fc.weight"] = torch.cat([embed_half, MTP_HIDDEN_SCALE * lin(h, h)], dim=1)
+            w["mtp.norm.weight"] = offset(h)
+        w.update(_layer_weights(f"mtp.layers.{k}.", "full_attention", True, c, lin, offset))
+    return w
+
+
 def make_weights(seed: int = 0, config: dict | None = None) -> dict[str, torch.Tensor]:
     """Weights for ``config`` (default: the embedded model's ``CONFIG``); any widths, head
     counts, expert counts and layer patterns of the architecture."""
     g = torch.Generator().manual_seed(seed)
     c = CONFIG if config is None else config
-    h, vocab, hd = c["hidden_size"], c["vocab_size"], c["head_dim"]
-    nq, nkv = c["num_attention_heads"], c["num_key_value_heads"]
-    nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
-    dk, dv, kern = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
-    key_dim, value_dim = nk * dk, nv * dv
+    h, vocab = c["hidden_size"], c["vocab_size"]
 
     def lin(out_f: int, in_f: int) -> torch.Tensor:
         return torch.randn(out_f, in_f, generator=g) / in_f**0.5
+    lin.generator = g
 
     def offset(n: int, center: float = 0.0, spread: float = 0.1) -> torch.Tensor:
         # Qwen3NextRMSNorm multiplies by (1 + weight): a gain of 1 + center.
@@ -101,37 +163,7 @@ def make_weights(seed: int = 0, config: dict | None = None) -> dict[str, torch.T
 
     w = {"model.embed_tokens.weight": torch.randn(vocab, h, generator=g)}
     for i, kind in enumerate(c["layer_types"]):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = offset(h)
-        w[p + "post_attention_layernorm.weight"] = offset(h)
-        if kind == "linear_attention":
-            q = p + "linear_attn."
-            # Rows per key head: qkvz [q (dk), k (dk), v (nv/nk * dv), z (nv/nk * dv)],
-            # ba [b (nv/nk), a (nv/nk)].
-            w[q + "in_proj_qkvz.weight"] = lin(2 * key_dim + 2 * value_dim, h)
-            w[q + "in_proj_ba.weight"] = lin(2 * nv, h)
-            w[q + "conv1d.weight"] = torch.randn(2 * key_dim + value_dim, 1, kern,
-                                                 generator=g) / kern**0.5
-            a = torch.empty(nv).uniform_(math.log(0.1), 0.0, generator=g)
-            w[q + "A_log"] = a  # exp(A_log) in [0.1, 1]
-            w[q + "dt_bias"] = 1.0 + 0.3 * torch.randn(nv, generator=g)
-            w[q + "norm.weight"] = 1.0 + 0.1 * torch.randn(dv, generator=g)  # plain gain
-            w[q + "out_proj.weight"] = lin(h, value_dim)
-        else:
-            q = p + "self_attn."
-            # Per head: [query (hd), gate (hd)].
-            w[q + "q_proj.weight"] = lin(nq * hd * 2, h)
-            w[q + "k_proj.weight"] = lin(nkv * hd, h)
-            w[q + "v_proj.weight"] = lin(nkv * hd, h)
-            w[q + "o_proj.weight"] = lin(h, nq * hd) * 2.0  # makes up for the sigmoid gate
-            w[q + "q_norm.weight"] = offset(hd, 0.6, 0.2)
-            w[q + "k_norm.weight"] = offset(hd, 0.6, 0.2)
-        if _is_moe_layer(c, i):
-            w.update(moe_layer_weights(p, c, lin))
-        else:  # a dense SwiGLU MLP (mlp_only_layers, decoder_sparse_step)
-            w[p + "mlp.gate_proj.weight"] = lin(c["intermediate_size"], h)
-            w[p + "mlp.up_proj.weight"] = lin(c["intermediate_size"], h)
-            w[p + "mlp.down_proj.weight"] = lin(h, c["intermediate_size"])
+        w.update(_layer_weights(f"model.layers.{i}.", kind, _is_moe_layer(c, i), c, lin, offset))
     w["model.norm.weight"] = offset(h)
     # Logits spread over ~9 units, with token-dependent row norms (as in trained LMs: a heavier
     # top tail), so the top-1/top-2 margin of a greedy step is > 0.5 in ~90% of steps. The
@@ -142,6 +174,7 @@ def make_weights(seed: int = 0, config: dict | None = None) -> dict[str, torch.T
     w["lm_head.weight"] = lin(vocab, h) * (8.0 * row_gain)
     if c.get("tie_word_embeddings"):
         del w["lm_head.weight"]
+    w.update(_mtp_weights(c, lin, offset))   # drawn last: the main model's bytes stay put
     return {k: v.to(STORAGE_DTYPE).contiguous() for k, v in w.items()}
 
 

@@ -109,26 +109,34 @@ def refuse_sfa_block_size(cache_config) -> None:
         )
 
 
-SPECULATION_SERVED = ("ngram",)
+SPECULATION_SERVED = ("ngram", "mtp")
 
 
-def refuse_speculation_without_substitutes(spec) -> None:
-    """Speculative decoding on the NPU engine (an NPU, or its CPU stand-in): ngram, whose
-    proposer runs on the host and whose rejection sampler runs on the plugin's kernel
-    substitutes (``worker/kernel_substitutes.py``). Drafter-based methods (EAGLE, MTP,
-    DFlash, a draft model) launch vLLM's drafter Triton kernels, which have no NPU
-    substitute yet: refused before the engine starts instead of failing on the first
-    speculative step."""
+def refuse_speculation_without_substitutes(spec, facts: ModelFacts | None = None) -> None:
+    """Speculative decoding on the NPU engine (an NPU, or its CPU stand-in). Served:
+    ngram (host proposer) and MTP, whose drafter's input kernels run on the plugin's
+    substitutes (``worker/drafter_substitutes.py``) and whose draft layers run on the
+    plugin's backends; the rejection sampler runs on ``worker/kernel_substitutes.py``.
+    Refused before the engine starts: MTP on an SFA model (DeepSeek-V3.2 / GLM-5: vLLM's
+    DeepSeek MTP layer builds vLLM's own sparse-attention modules, which the plugin's DSA
+    model does not serve yet), and the drafter methods not verified on the NPU platform
+    (EAGLE, EAGLE-3, draft models, DFlash, ...)."""
     if spec is None:
         return
     method = getattr(spec, "method", None) or "speculative decoding"
+    if method == "mtp" and facts is not None and facts.sparse_mla:
+        raise AscendExtError(
+            "--speculative-config (method 'mtp'): MTP on a sparse-attention (SFA) model "
+            "(DeepSeek-V3.2 / GLM-5) is not served by the Ascend NPU platform yet: its MTP "
+            "layer would run vLLM's own DeepSeek sparse-attention modules instead of the "
+            "plugin's SFA backend. Serve it with method 'ngram' or without speculative "
+            "decoding; MTP is served on Qwen3-Next")
     if method in SPECULATION_SERVED:
         return
     raise AscendExtError(
-        f"--speculative-config (method {method!r}): on the Ascend NPU platform vLLM's "
-        "drafter kernels for this method are Triton kernels with no NPU substitute yet; "
-        f"serve with method {' or '.join(map(repr, SPECULATION_SERVED))} or without "
-        "speculative decoding")
+        f"--speculative-config (method {method!r}): this drafter is not verified on the "
+        f"Ascend NPU platform; serve with method {' or '.join(map(repr, SPECULATION_SERVED))} "
+        "or without speculative decoding")
 
 
 def sfa_block_size(cache_config) -> None:

@@ -15,7 +15,9 @@ whose partial-prefill sample is discarded gets its generator's offset back exact
 addresses and block ids (``worker/mamba_state_copy.py``); vLLM's runner wraps
 the model for FULL graphs in ``CUDAGraphWrapper`` itself (not through the platform's
 wrapper class); ``load_model`` re-wraps that model in ``AscendNPUGraphWrapper``, which
-updates FIA's graph tasks before every replay.
+updates FIA's graph tasks before every replay. With speculative decoding it counts the
+accepted drafts per position on the device (``worker/spec_acceptance.py``), logged at
+shutdown.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from vllm_ascend_ext.worker import seeded_draws
 from vllm_ascend_ext.worker.kv_zeroing import zero_blocks
 from vllm_ascend_ext.worker.mamba_state_copy import align_mode_buffers
 from vllm_ascend_ext.worker.npu_graph import AscendNPUGraphWrapper
+from vllm_ascend_ext.worker.spec_acceptance import SpecAcceptance
 
 
 class AscendNPUModelRunner(GPUModelRunner):
@@ -47,6 +50,24 @@ class AscendNPUModelRunner(GPUModelRunner):
             seeded_draws.restore(self.input_batch.generators, before,
                                  self.discard_request_mask.np[:self.input_batch.num_reqs])
         return output
+
+    def _sample(self, logits, spec_decode_metadata):
+        # Acceptance per draft position, counted on the device (worker/spec_acceptance.py)
+        output = super()._sample(logits, spec_decode_metadata)
+        if spec_decode_metadata is not None:
+            self.spec_acceptance().record(output.sampled_token_ids,
+                                          spec_decode_metadata.num_draft_tokens)
+        return output
+
+    def spec_acceptance(self) -> SpecAcceptance | None:
+        """This runner's acceptance counter (None without speculative decoding)."""
+        spec = self.speculative_config
+        if spec is None:
+            return None
+        if getattr(self, "_spec_acceptance", None) is None:
+            self._spec_acceptance = SpecAcceptance(str(spec.method),
+                                                   int(spec.num_speculative_tokens or 0))
+        return self._spec_acceptance
 
     def _get_mamba_bufs(self):
         # Align mode (hybrid prefix caching): vLLM's state copies take raw device

@@ -40,7 +40,8 @@ def leave_ctrl_c_to_engine(parallel_config) -> bool:
 
 def log_final_summaries(model_runner) -> int:
     """Ask every metadata builder of the runner that has one to log its final summary,
-    then the NPU contract's (contract mode); returns how many were logged."""
+    then the NPU contract's (contract mode) and speculative decoding's acceptance (with
+    speculation); returns how many were logged."""
     from vllm_ascend_ext.contract import mode
 
     logged = 0
@@ -54,4 +55,9 @@ def log_final_summaries(model_runner) -> int:
                 if log_final is not None:
                     log_final()
                     logged += 1
+    acceptance = getattr(model_runner, "spec_acceptance", None)
+    counter = acceptance() if callable(acceptance) else None
+    if counter is not None:
+        counter.log_final()
+        logged += 1
     return logged
