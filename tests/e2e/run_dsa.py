@@ -18,6 +18,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import torch  # noqa: E402
+from spec_harness import count_substitutes, oracle_drafts, spec_metrics  # noqa: E402
+
 WORDS = ("the quick brown fox jumps over the lazy dog attention is computed over keys and "
          "values stored in a paged cache a decode step reads every cached token of its request "
          "while a prefill chunk attends causally to the prefix numbers like 1 2 3 4 5").split()
@@ -137,6 +140,25 @@ def probe_indexer() -> None:
     indexer.topk_stage = topk_stage
 
 
+def corrupt_verify_slot() -> None:
+    """Negative control: the SFA builder gives verify rows (2..4 query tokens) one more KV
+    position than they have (test-only patch)."""
+    from vllm_ascend_ext.attention.sfa import builder
+
+    original = builder.AscendSFAMetadataBuilder.build
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        cam = common_attn_metadata
+        md = original(self, common_prefix_len, cam, fast_build)
+        qsl = cam.query_start_loc_cpu[: md.num_reqs + 1]
+        q = (qsl[1:] - qsl[:-1]).to(md.seq_lens.device)
+        import dataclasses
+
+        return dataclasses.replace(md, seq_lens=torch.where((q > 1) & (q <= 4),
+                                                            md.seq_lens + 1, md.seq_lens))
+    builder.AscendSFAMetadataBuilder.build = build
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quantized", action="store_true")
@@ -156,12 +178,21 @@ def main() -> None:
     ap.add_argument("--dummy", action="store_true", help="load_format=dummy")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--layer-ops", default=None, help="ascend_ext.layer_ops value")
+    ap.add_argument("--mtp", type=int, default=0, help="MTP speculation with this many drafts")
+    ap.add_argument("--oracle", nargs=2, metavar=("PLAIN_RESULT", "RATE"),
+                    help="replace RATE of the drafts by PLAIN_RESULT's tokens (spec_harness)")
+    ap.add_argument("--ragged", action="store_true", help="max_tokens differs per prompt")
+    ap.add_argument("--corrupt-verify-slot", action="store_true",
+                    help="verify rows (2..4 query tokens) read one KV slot past their sequence")
     args = ap.parse_args()
     if args.corrupt_block_table:
         corrupt_block_table()
     if args.corrupt_moe_bias:
         corrupt_moe_bias()
     probe_indexer()
+    if args.corrupt_verify_slot:
+        corrupt_verify_slot()
+    substitute_calls = count_substitutes()
 
     from vllm import LLM, SamplingParams
 
@@ -193,11 +224,15 @@ def main() -> None:
         kwargs["hf_overrides"] = overrides
     if args.dummy:
         kwargs["load_format"] = "dummy"
+    if args.mtp:
+        kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.mtp}
     llm = LLM(model=tiny_dsa_path(args.quantized), dtype=args.dtype, seed=0, max_model_len=1024,
-              enforce_eager=args.enforce_eager, **kwargs)
-    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
+              enforce_eager=args.enforce_eager, disable_log_stats=False, **kwargs)
     ps = prompts(args.num_prompts, args.min_words)
+    sp = [SamplingParams(max_tokens=args.max_tokens - (3 * (i % 3) if args.ragged else 0),
+                         temperature=0.0, logprobs=1, ignore_eos=True) for i in range(len(ps))]
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    oracle = oracle_drafts(runner, args.oracle[0], float(args.oracle[1])) if args.oracle else None
     model = runner.model
     layers = model.sfa_layers()
     counter = None
@@ -238,6 +273,18 @@ def main() -> None:
     from engine_info import engine_info
 
     result["engine"] = engine_info(llm)
+    result["spec_metrics"] = spec_metrics(llm)
+    result["substitute_calls"] = substitute_calls
+    result["oracle_steps"] = oracle["steps"] if oracle else 0
+    accept = runner.spec_acceptance() if hasattr(runner, "spec_acceptance") else None
+    if accept is not None:
+        result["acceptance"] = {"drafts": accept.drafts, "draft_tokens": accept.draft_tokens,
+                                "per_position": accept.per_position(),
+                                "summary": accept.summary()}
+        drafter = runner.drafter.model
+        result["drafter"] = {"class": type(drafter).__name__,
+                             "sfa_layers": [la.layer_name for la in drafter.sfa_layers()]
+                             if hasattr(drafter, "sfa_layers") else []}
     if counter is not None:
         result["steps"] = [{"kind": s.kind, "ops": dict(s.ops), "views": s.views}
                            for s in counter.steps]

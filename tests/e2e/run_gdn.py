@@ -30,6 +30,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from spec_harness import count_substitutes, oracle_drafts, spec_metrics  # noqa: E402
+
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.item")
 PROMPTS = ["the quick brown fox jumps over the lazy dog and the quick brown fox",
            "one two three four five six seven eight one two three four",
@@ -84,64 +86,8 @@ def corrupt(kind: str) -> None:
         raise SystemExit(f"unknown --corrupt {kind}")
 
 
-def count_substitutes() -> dict:
-    """Calls of each drafter-kernel substitute (observation only: counting wrappers put in
-    the substitutes' table before the engine registers it)."""
-    import functools
-
-    from vllm_ascend_ext.worker import drafter_substitutes, kernel_substitutes
-
-    calls = {name.rsplit(".", 1)[-1]: 0 for name in drafter_substitutes.SUBSTITUTES}
-
-    def counted(name, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-        return wrapper
-    for name, fn in drafter_substitutes.SUBSTITUTES.items():
-        kernel_substitutes.SUBSTITUTES[name] = counted(name.rsplit(".", 1)[-1], fn)
-    return calls
 
 
-def oracle_drafts(runner, plain_file: str, rate: float) -> dict:
-    """Test harness: replace a deterministic ``rate`` of the drafter's proposals by the
-    plain run's continuation (chosen by prompt and position, so every run picks the same
-    ones). Device ops only: the proposals never come to the host."""
-    import inspect
-
-    with open(plain_file) as f:
-        plain = json.load(f)
-    full = {tuple(p): (i, list(p) + list(t))
-            for i, (p, t) in enumerate(zip(plain["prompt_token_ids"], plain["tokens"]))}
-    width = max(len(s) for _, s in full.values())
-    cls = type(runner.drafter)
-    original = cls.propose
-    sig = inspect.signature(original)
-    seen = {"steps": 0}
-
-    def propose(self, *args, **kwargs):
-        drafts = original(self, *args, **kwargs)
-        bound = sig.bind(self, *args, **kwargs).arguments
-        b, k = drafts.shape
-        idx = bound.get("token_indices_to_sample")
-        if idx is None:
-            idx = bound["common_attn_metadata"].query_start_loc[1:b + 1] - 1
-        last = bound["target_positions"][idx.long()].long()      # the last verified token
-        rows, prompt_idx = [], []
-        for rid in runner.input_batch.req_ids[:b]:
-            i, seq = full[tuple(runner.requests[rid].prompt_token_ids)]
-            rows.append(seq + [-1] * (width - len(seq)))
-            prompt_idx.append(i)
-        seqs = torch.tensor(rows, device=drafts.device)
-        pidx = torch.tensor(prompt_idx, device=drafts.device).unsqueeze(1)
-        at = last.unsqueeze(1) + 2 + torch.arange(k, device=drafts.device)
-        want = seqs.gather(1, at.clamp(max=width - 1))
-        pick = ((at * 31 + pidx * 17) % 100 < int(rate * 100)) & (at < width) & (want >= 0)
-        seen["steps"] += 1
-        return torch.where(pick, want.to(drafts.dtype), drafts)
-    cls.propose = propose
-    return seen
 
 
 def observe_steps() -> dict:
@@ -165,16 +111,6 @@ def observe_steps() -> dict:
     return seen
 
 
-def spec_metrics(llm) -> dict:
-    """vLLM's speculative-decoding counters (drafts, draft tokens, accepted tokens, and
-    accepted tokens per draft position), read from the engine's metrics."""
-    out: dict = {}
-    for m in llm.get_metrics():
-        if not m.name.startswith("vllm:spec_decode"):
-            continue
-        key = m.name.removeprefix("vllm:spec_decode_")
-        out[key] = list(m.values) if hasattr(m, "values") else m.value
-    return out
 
 
 def hf_greedy(path: str, prompt_ids: list[list[int]], max_tokens: int):

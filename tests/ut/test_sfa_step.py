@@ -135,8 +135,19 @@ def test_builder_refuses_inconsistent_metadata():
     bad = CommonAttentionMetadata(**{**cam.__dict__, "num_actual_tokens": 3})
     with pytest.raises(SfaBatchError, match="num_actual_tokens is 3"):
         _builder("cpu").build(0, bad)
-    with pytest.raises(SfaBatchError, match="positions"):
-        _builder("cpu").build(0, CommonAttentionMetadata(**{**cam.__dict__, "positions": None}))
+
+
+def test_without_positions_the_builder_derives_them_from_the_kv_lengths():
+    """vLLM's drafters build metadata without positions: the rope rows are then those of
+    ``L - q + j`` per request, exactly what the runner's positions are (the cam's here)."""
+    cam = _cam("cpu")
+    b = _builder("cpu")
+    want = b.build(0, cam)
+    got = b.build(0, CommonAttentionMetadata(**{**cam.__dict__, "positions": None}))
+    assert torch.equal(got.cos, want.cos) and torch.equal(got.sin, want.sin)
+    # negative control: positions one past the end differ
+    shifted = CommonAttentionMetadata(**{**cam.__dict__, "positions": cam.positions + 1})
+    assert not torch.equal(b.build(0, shifted).cos, want.cos)
 
 
 @pytest.mark.parametrize("route", ["native", "prolog_v3"])

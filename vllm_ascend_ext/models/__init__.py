@@ -77,11 +77,14 @@ DSA_MODEL_CLASS = "vllm_ascend_ext.models.deepseek_v32:AscendDeepseekV32ForCausa
 
 
 def register_models() -> None:
-    """Serve the DSA architectures and Qwen3-Next with the plugin's classes (lazy: imported
-    on first use)."""
+    """Serve the DSA architectures (and their MTP layers) and Qwen3-Next with the plugin's
+    classes (lazy: imported on first use)."""
     from vllm import ModelRegistry
 
     for arch in DSA_ARCHITECTURES:
         ModelRegistry.register_model(arch, DSA_MODEL_CLASS)
+    # their MTP layers (vLLM names this draft architecture for DeepSeek-V3.2 and GLM-5)
+    ModelRegistry.register_model("DeepseekV32MTPModel",
+                                 "vllm_ascend_ext.models.dsa_mtp:AscendDsaMTP")
     ModelRegistry.register_model("Qwen3NextForCausalLM",
                                  "vllm_ascend_ext.models.qwen3_next:AscendQwen3NextForCausalLM")

@@ -265,41 +265,51 @@ class AscendDeepseekV32ForCausalLM(nn.Module):
                         "" if freed else " (the prolog shares the linears' NZ weights)")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        stacked = [(".gate_up_proj.", ".gate_proj.", 0), (".gate_up_proj.", ".up_proj.", 1),
-                   (".wk_weights_proj.", ".wk.", 0), (".wk_weights_proj.", ".weights_proj.", 1)]
-        experts = (fused_moe_make_expert_params_mapping(
-            self, ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
-            ckpt_up_proj_name="up_proj", num_experts=self.config.n_routed_experts,
-            num_redundant_experts=0) if getattr(self.config, "n_routed_experts", None) else [])
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        n_layers = self.config.num_hidden_layers
-        for name, w in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            parts = name.split(".")
-            if len(parts) > 2 and parts[1] == "layers" and int(parts[2]) >= n_layers:
-                continue                                   # MTP / next-n layers
-            for pname, sname, shard in stacked:
-                if sname in name and ".mlp.experts." not in name:
-                    target = name.replace(sname, pname)
-                    if target in params:
-                        params[target].weight_loader(params[target], w, shard)
-                        loaded.add(target)
-                        break
+        # MTP / next-n layers (from num_hidden_layers on) are the drafter's (models/dsa_mtp.py)
+        return load_dsa_weights(self, weights, skip_layers_from=self.config.num_hidden_layers)
+
+
+def load_dsa_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                     skip_layers_from: int | None) -> set[str]:
+    """Load checkpoint tensors into ``model``'s parameters (stacked gate/up and indexer
+    wk/weights_proj shards, per-expert weights); tensors of layers from
+    ``skip_layers_from`` on are skipped. A tensor without a parameter is an error."""
+    config = model.config
+    stacked = [(".gate_up_proj.", ".gate_proj.", 0), (".gate_up_proj.", ".up_proj.", 1),
+               (".wk_weights_proj.", ".wk.", 0), (".wk_weights_proj.", ".weights_proj.", 1)]
+    experts = (fused_moe_make_expert_params_mapping(
+        model, ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
+        ckpt_up_proj_name="up_proj", num_experts=config.n_routed_experts,
+        num_redundant_experts=0) if getattr(config, "n_routed_experts", None) else [])
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for name, w in weights:
+        if "rotary_emb.inv_freq" in name:
+            continue
+        parts = name.split(".")
+        if (skip_layers_from is not None and len(parts) > 2 and parts[1] == "layers"
+                and int(parts[2]) >= skip_layers_from):
+            continue
+        for pname, sname, shard in stacked:
+            if sname in name and ".mlp.experts." not in name:
+                target = name.replace(sname, pname)
+                if target in params:
+                    params[target].weight_loader(params[target], w, shard)
+                    loaded.add(target)
+                    break
+        else:
+            for pname, wname, expert_id, shard in experts:
+                if wname in name:
+                    target = name.replace(wname, pname)
+                    params[target].weight_loader(params[target], w, target, shard_id=shard,
+                                                 expert_id=expert_id)
+                    loaded.add(target)
+                    break
             else:
-                for pname, wname, expert_id, shard in experts:
-                    if wname in name:
-                        target = name.replace(wname, pname)
-                        params[target].weight_loader(params[target], w, target, shard_id=shard,
-                                                     expert_id=expert_id)
-                        loaded.add(target)
-                        break
-                else:
-                    if name not in params:
-                        raise KeyError(f"ascend_ext DSA model: checkpoint tensor {name!r} has no "
-                                       "parameter")
-                    p = params[name]
-                    getattr(p, "weight_loader", default_weight_loader)(p, w)
-                    loaded.add(name)
-        return loaded
+                if name not in params:
+                    raise KeyError(f"ascend_ext DSA model: checkpoint tensor {name!r} has no "
+                                   "parameter")
+                p = params[name]
+                getattr(p, "weight_loader", default_weight_loader)(p, w)
+                loaded.add(name)
+    return loaded

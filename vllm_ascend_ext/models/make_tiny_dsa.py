@@ -8,7 +8,8 @@ the linear layers ModelSlim quantizes stored as W8A8_DYNAMIC, plus
 tiny Qwen3's. Realistic-scale weights (vLLM's dummy weights are U(-1e-3, 1e-3) and
 hide attention bugs): projections ~N(0, 1/fan_in), RMSNorm gains near 1, latent
 and query-lora gains ~1.6 so MLA logits spread over a few units. ``index_topk`` is
-32, so prompts of 128+ tokens make the indexer drop most visible keys.
+32, so prompts of 128+ tokens make the indexer drop most visible keys. One MTP layer
+(``num_nextn_predict_layers`` 1, layer 2), drawn after every other tensor.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ CONFIG = {
     "bos_token_id": 1,
     "eos_token_id": 0,
     "torch_dtype": "float32",
+    "num_nextn_predict_layers": 1,
 }
 
 # What ModelSlim's W8A8 dynamic recipe quantizes here: attention projections (but
@@ -88,8 +90,7 @@ def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
         w[p + "up_proj.weight"] = lin(inter, h)
         w[p + "down_proj.weight"] = lin(h, inter)
 
-    w = {"model.embed_tokens.weight": torch.randn(c["vocab_size"], h, generator=g)}
-    for i in range(c["num_hidden_layers"]):
+    def layer(i: int) -> None:
         p = f"model.layers.{i}."
         a = p + "self_attn."
         w[p + "input_layernorm.weight"] = gain(h, 1.0, 0.1)
@@ -115,8 +116,27 @@ def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
             for e in range(c["n_routed_experts"]):
                 mlp(p + f"mlp.experts.{e}.", c["moe_intermediate_size"])
             mlp(p + "mlp.shared_experts.", c["moe_intermediate_size"] * c["n_shared_experts"])
+
+    w = {"model.embed_tokens.weight": torch.randn(c["vocab_size"], h, generator=g)}
+    for i in range(c["num_hidden_layers"]):
+        layer(i)
     w["model.norm.weight"] = gain(h, 1.0, 0.1)
     w["lm_head.weight"] = lin(c["vocab_size"], h) * 4.0
+    # The MTP (next-n) layers, drawn last so that the main model's bytes stay put: layer
+    # ``num_hidden_layers + k`` as DeepSeek checkpoints store it (a decoder layer plus
+    # ``enorm`` / ``hnorm`` / ``eh_proj`` / ``shared_head.norm``; ``embed_tokens`` and
+    # ``shared_head.head`` are the main model's, which vLLM's proposer shares). Untrained:
+    # ``eh_proj`` passes the next token's embedding through (identity plus noise) and mixes
+    # in the target's hidden state at a third of the scale.
+    for k in range(c.get("num_nextn_predict_layers", 0)):
+        i = c["num_hidden_layers"] + k
+        layer(i)
+        p = f"model.layers.{i}."
+        w[p + "enorm.weight"] = gain(h, 1.0, 0.1)
+        w[p + "hnorm.weight"] = gain(h, 1.0, 0.1)
+        w[p + "eh_proj.weight"] = torch.cat([torch.eye(h) + 0.1 * lin(h, h),
+                                             0.3 * lin(h, h)], dim=1)
+        w[p + "shared_head.norm.weight"] = gain(h, 1.0, 0.1)
     return {k: v.contiguous() for k, v in w.items()}
 
 

@@ -5,7 +5,8 @@ Per step, for every SFA layer of the model together:
   ``npu_kv_rmsnorm_rope_cache``, ``npu_mla_prolog_v3`` and the indexer-key write;
   vLLM already hands int64, so no cast happens; anything else is cast here, once);
 - int32 cumulative query ends and KV lengths for the indexer and SFA (TND / PA_BSND);
-- RoPE cos/sin gathered by position from the model's rope cache (half-duplicated);
+- RoPE cos/sin gathered by position from the model's rope cache (half-duplicated); the
+  positions from the KV lengths when the metadata has none (a drafter's steps);
 - the step kind, from host lengths only (no device read).
 Layers only consume this; nothing here is per layer.
 """
@@ -35,6 +36,17 @@ def step_kind(query_lens: list[int]) -> str:
     if all(n > 1 for n in query_lens):
         return "prefill"
     return "mixed"
+
+
+def positions_from_lengths(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, b: int,
+                           t: int) -> torch.Tensor:
+    """Each query token's position when the metadata carries none (vLLM's drafters build
+    theirs without): a request's query rows end its sequence, so token ``j`` of ``q``
+    with KV length ``L`` sits at ``L - q + j``. Device ops only."""
+    ends = query_start_loc[1:b + 1].to(torch.int64)
+    tokens = torch.arange(t, device=ends.device)
+    req = torch.searchsorted(ends, tokens, right=True).clamp_(max=max(b - 1, 0))
+    return seq_lens[:b].to(torch.int64)[req] - (ends[req] - tokens)
 
 
 def half_duplicated(cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,8 +90,6 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
                 f"query_start_loc_cpu ends at {t} but num_actual_tokens is "
                 f"{cam.num_actual_tokens}"
             )
-        if cam.positions is None:
-            raise SfaBatchError("CommonAttentionMetadata.positions is required by SFA (RoPE)")
         if cam.causal is not True:
             raise SfaBatchError("SFA serves causal decoder attention only (causal=False given)")
         kind = step_kind(query_lens)
@@ -91,7 +101,9 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
         block_table = cam.block_table_tensor[:b].to(torch.int32)
         cu_q = cam.query_start_loc[1 : b + 1].to(torch.int32)
         seq_lens = cam.seq_lens[:b].to(torch.int32)
-        cos, sin = half_duplicated(self.rope_cos_sin.index_select(0, cam.positions[:t]))
+        positions = (cam.positions[:t] if cam.positions is not None
+                     else positions_from_lengths(cam.query_start_loc, cam.seq_lens, b, t))
+        cos, sin = half_duplicated(self.rope_cos_sin.index_select(0, positions))
         return AscendSFAMetadata(
             num_actual_tokens=t,
             num_reqs=b,
