@@ -178,6 +178,8 @@ def main() -> None:
     ap.add_argument("--dummy", action="store_true", help="load_format=dummy")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--layer-ops", default=None, help="ascend_ext.layer_ops value")
+    ap.add_argument("--no-probe", action="store_true",
+                    help="no indexer-selection probe (its host reads would count as syncs)")
     ap.add_argument("--mtp", type=int, default=0, help="MTP speculation with this many drafts")
     ap.add_argument("--oracle", nargs=2, metavar=("PLAIN_RESULT", "RATE"),
                     help="replace RATE of the drafts by PLAIN_RESULT's tokens (spec_harness)")
@@ -189,7 +191,8 @@ def main() -> None:
         corrupt_block_table()
     if args.corrupt_moe_bias:
         corrupt_moe_bias()
-    probe_indexer()
+    if not args.no_probe:
+        probe_indexer()
     if args.corrupt_verify_slot:
         corrupt_verify_slot()
     substitute_calls = count_substitutes()
@@ -286,7 +289,8 @@ def main() -> None:
                              "sfa_layers": [la.layer_name for la in drafter.sfa_layers()]
                              if hasattr(drafter, "sfa_layers") else []}
     if counter is not None:
-        result["steps"] = [{"kind": s.kind, "ops": dict(s.ops), "views": s.views}
+        result["steps"] = [{"kind": s.kind, "ops": dict(s.ops), "views": s.views,
+                            "in_layers": dict(s.in_layers)}
                            for s in counter.steps]
     from vllm_ascend_ext.contract import mode
 

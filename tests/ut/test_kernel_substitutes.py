@@ -45,18 +45,12 @@ def test_the_npu_serves_ngram_and_mtp_and_refuses_other_drafters():
         exact_host_lists_with_speculation,
         refuse_speculation_without_substitutes,
     )
-    from vllm_ascend_ext.platform.facts import ModelFacts
-
-    hybrid = ModelFacts(present=True, hybrid=True)
-    sfa = ModelFacts(present=True, use_mla=True, sparse_mla=True)
     refuse_speculation_without_substitutes(None)
-    refuse_speculation_without_substitutes(SimpleNamespace(method="ngram"), sfa)
-    refuse_speculation_without_substitutes(SimpleNamespace(method="mtp"), hybrid)
+    refuse_speculation_without_substitutes(SimpleNamespace(method="ngram"))
+    refuse_speculation_without_substitutes(SimpleNamespace(method="mtp"))
     for method in ("eagle", "eagle3", "draft_model", "dflash"):
         with pytest.raises(AscendExtError, match=f"method '{method}'.*not verified.*'ngram' or 'mtp'"):
-            refuse_speculation_without_substitutes(SimpleNamespace(method=method), hybrid)
-    with pytest.raises(AscendExtError, match="method 'mtp'.*sparse-attention.*not served"):
-        refuse_speculation_without_substitutes(SimpleNamespace(method="mtp"), sfa)
+            refuse_speculation_without_substitutes(SimpleNamespace(method=method))
     config = SimpleNamespace(speculative_config=SimpleNamespace(method="ngram"),
                              scheduler_config=SimpleNamespace(async_scheduling=True))
     exact_host_lists_with_speculation(config)

@@ -110,28 +110,19 @@ def refuse_sfa_block_size(cache_config) -> None:
 
 
 SPECULATION_SERVED = ("ngram", "mtp")
-MTP_ON_SFA = True   # temporary
 
 
-def refuse_speculation_without_substitutes(spec, facts: ModelFacts | None = None) -> None:
+def refuse_speculation_without_substitutes(spec) -> None:
     """Speculative decoding on the NPU engine (an NPU, or its CPU stand-in). Served:
     ngram (host proposer) and MTP, whose drafter's input kernels run on the plugin's
     substitutes (``worker/drafter_substitutes.py``) and whose draft layers run on the
-    plugin's backends; the rejection sampler runs on ``worker/kernel_substitutes.py``.
-    Refused before the engine starts: MTP on an SFA model (DeepSeek-V3.2 / GLM-5: vLLM's
-    DeepSeek MTP layer builds vLLM's own sparse-attention modules, which the plugin's DSA
-    model does not serve yet), and the drafter methods not verified on the NPU platform
-    (EAGLE, EAGLE-3, draft models, DFlash, ...)."""
+    plugin's backends (Qwen3-Next: FIA; DeepSeek-V3.2 / GLM-5: SFA through
+    ``models/dsa_mtp.py``); the rejection sampler runs on ``worker/kernel_substitutes.py``.
+    The other drafter methods (EAGLE, EAGLE-3, draft models, DFlash, ...) are not verified
+    on the NPU platform: refused before the engine starts."""
     if spec is None:
         return
     method = getattr(spec, "method", None) or "speculative decoding"
-    if method == "mtp" and facts is not None and facts.sparse_mla and not MTP_ON_SFA:
-        raise AscendExtError(
-            "--speculative-config (method 'mtp'): MTP on a sparse-attention (SFA) model "
-            "(DeepSeek-V3.2 / GLM-5) is not served by the Ascend NPU platform yet: its MTP "
-            "layer would run vLLM's own DeepSeek sparse-attention modules instead of the "
-            "plugin's SFA backend. Serve it with method 'ngram' or without speculative "
-            "decoding; MTP is served on Qwen3-Next")
     if method in SPECULATION_SERVED:
         return
     raise AscendExtError(

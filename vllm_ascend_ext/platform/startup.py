@@ -88,7 +88,7 @@ def run(vllm_config, side: Side, *, on_step: Callable[[str], None] | None = None
         step("refuse: SFA block size", hooks.refuse_sfa_block_size, cache)
     if npu_engine:
         step("refuse: drafter speculation", hooks.refuse_speculation_without_substitutes,
-             vllm_config.speculative_config, facts)
+             vllm_config.speculative_config)
 
     step("platform: setup", side.setup, start)
 
