@@ -14,7 +14,8 @@ recurrence), host syncs inside the attention layers per step, and generated toke
 step. The tiny MTP layer is untrained (it agrees with the model in a few percent of
 drafts), so tokens per step stay near 1 here: the table is the cost side of MTP; the
 acceptance a trained MTP layer brings sets the other side. DeepSeek-V3.2 (SFA) MTP is
-refused by the platform (not served yet), so it has no row.
+served too (``tests/e2e/test_sfa_mtp_engine.py``) but not in this table yet: the SFA
+builder labels verify steps by query length, so its decode steps need another bucketing.
 """
 
 from __future__ import annotations

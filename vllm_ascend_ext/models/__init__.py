@@ -57,8 +57,9 @@ TINY_QWEN3_NEXT = Path(__file__).resolve().parent / "tiny_qwen3_next"
 
 def tiny_qwen3_next_path() -> str:
     """Embedded tiny Qwen3-Next model (hybrid: three Gated-DeltaNet layers, then one gated
-    full-attention layer; softmax top-2 of 4 experts plus a gated shared expert), realistic-scale
-    weights. Stock vLLM's CPU Gated-DeltaNet runs it in bfloat16 only."""
+    full-attention layer; softmax top-2 of 4 experts plus a gated shared expert; one MTP
+    layer), realistic-scale weights. Stock vLLM's CPU Gated-DeltaNet runs it in bfloat16
+    only."""
     return str(TINY_QWEN3_NEXT)
 
 
@@ -67,7 +68,8 @@ TINY_DSA_W8A8 = Path(__file__).resolve().parent / "tiny_dsa_w8a8"
 
 
 def tiny_dsa_path(quantized: bool = False) -> str:
-    """Embedded tiny DeepSeek-V3.2-style model (float, or W8A8 with a ModelSlim description)."""
+    """Embedded tiny DeepSeek-V3.2-style model (float, or W8A8 with a ModelSlim description),
+    with one MTP layer (``--speculative-config '{"method": "mtp"}'``)."""
     return str(TINY_DSA_W8A8 if quantized else TINY_DSA)
 
 
