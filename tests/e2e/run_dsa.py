@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
-from spec_harness import count_substitutes, oracle_drafts, spec_metrics  # noqa: E402
+from spec_harness import count_substitutes, oracle_drafts, spec_result  # noqa: E402
 
 WORDS = ("the quick brown fox jumps over the lazy dog attention is computed over keys and "
          "values stored in a paged cache a decode step reads every cached token of its request "
@@ -276,14 +276,8 @@ def main() -> None:
     from engine_info import engine_info
 
     result["engine"] = engine_info(llm)
-    result["spec_metrics"] = spec_metrics(llm)
-    result["substitute_calls"] = substitute_calls
-    result["oracle_steps"] = oracle["steps"] if oracle else 0
-    accept = runner.spec_acceptance() if hasattr(runner, "spec_acceptance") else None
-    if accept is not None:
-        result["acceptance"] = {"drafts": accept.drafts, "draft_tokens": accept.draft_tokens,
-                                "per_position": accept.per_position(),
-                                "summary": accept.summary()}
+    result.update(spec_result(llm, runner, substitute_calls, oracle))
+    if getattr(runner, "drafter", None) is not None:
         drafter = runner.drafter.model
         result["drafter"] = {"class": type(drafter).__name__,
                              "sfa_layers": [la.layer_name for la in drafter.sfa_layers()]

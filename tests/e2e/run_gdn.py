@@ -30,7 +30,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from spec_harness import count_substitutes, oracle_drafts, spec_metrics  # noqa: E402
+from spec_harness import count_substitutes, oracle_drafts, spec_result  # noqa: E402
 
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.item")
 PROMPTS = ["the quick brown fox jumps over the lazy dog and the quick brown fox",
@@ -210,14 +210,7 @@ def main() -> None:
     from engine_info import engine_info
 
     result["engine"] = engine_info(llm)
-    result["spec_metrics"] = spec_metrics(llm)
-    result["substitute_calls"] = substitute_calls
-    result["oracle_steps"] = oracle["steps"] if oracle else 0
-    accept = runner.spec_acceptance() if hasattr(runner, "spec_acceptance") else None
-    if accept is not None:
-        result["acceptance"] = {"drafts": accept.drafts, "draft_tokens": accept.draft_tokens,
-                                "per_position": accept.per_position(),
-                                "summary": accept.summary()}
+    result.update(spec_result(llm, runner, substitute_calls, oracle))
     if counter is not None:
         result["steps"] = [{"kind": s.kind, "in_layers": dict(s.in_layers),
                             "syncs_in_layers": sum(s.in_layers.get(n, 0) for n in SYNC_OPS)}

@@ -86,3 +86,15 @@ def spec_metrics(llm) -> dict:
         key = m.name.removeprefix("vllm:spec_decode_")
         out[key] = list(m.values) if hasattr(m, "values") else m.value
     return out
+
+
+def spec_result(llm, runner, substitute_calls: dict, oracle: dict | None) -> dict:
+    """The RESULT fields of a speculative run: vLLM's counters, the substitutes' calls,
+    the oracle's steps, and the worker's own acceptance count (with speculation)."""
+    out = {"spec_metrics": spec_metrics(llm), "substitute_calls": substitute_calls,
+           "oracle_steps": oracle["steps"] if oracle else 0}
+    accept = runner.spec_acceptance() if hasattr(runner, "spec_acceptance") else None
+    if accept is not None:
+        out["acceptance"] = {"drafts": accept.drafts, "draft_tokens": accept.draft_tokens,
+                             "per_position": accept.per_position(), "summary": accept.summary()}
+    return out
