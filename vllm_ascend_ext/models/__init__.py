@@ -76,6 +76,9 @@ def tiny_dsa_path(quantized: bool = False) -> str:
 # Architectures the plugin serves with its own model class while its platform is active.
 DSA_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
 DSA_MODEL_CLASS = "vllm_ascend_ext.models.deepseek_v32:AscendDeepseekV32ForCausalLM"
+# The draft architecture vLLM names for their MTP layers (``--speculative-config`` mtp).
+DSA_MTP_ARCHITECTURE = "DeepseekV32MTPModel"
+DSA_MTP_MODEL_CLASS = "vllm_ascend_ext.models.dsa_mtp:AscendDsaMTP"
 
 
 def register_models() -> None:
@@ -85,8 +88,6 @@ def register_models() -> None:
 
     for arch in DSA_ARCHITECTURES:
         ModelRegistry.register_model(arch, DSA_MODEL_CLASS)
-    # their MTP layers (vLLM names this draft architecture for DeepSeek-V3.2 and GLM-5)
-    ModelRegistry.register_model("DeepseekV32MTPModel",
-                                 "vllm_ascend_ext.models.dsa_mtp:AscendDsaMTP")
+    ModelRegistry.register_model(DSA_MTP_ARCHITECTURE, DSA_MTP_MODEL_CLASS)
     ModelRegistry.register_model("Qwen3NextForCausalLM",
                                  "vllm_ascend_ext.models.qwen3_next:AscendQwen3NextForCausalLM")

@@ -42,9 +42,6 @@ from vllm_ascend_ext.models.deepseek_v32 import (
     load_dsa_weights,
 )
 
-ARCHITECTURE = "DeepseekV32MTPModel"
-MODEL_CLASS = "vllm_ascend_ext.models.dsa_mtp:AscendDsaMTP"
-
 
 class SharedHead(nn.Module):
     def __init__(self, config, prefix: str) -> None:
