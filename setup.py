@@ -147,7 +147,7 @@ setup(
     packages=find_packages(include=["vllm_ascend_ext", "vllm_ascend_ext.*"]),
     package_data={"vllm_ascend_ext.models": ["tiny_qwen3/*", "tiny_qwen_moe/*",
                                             "tiny_qwen3_next/*", "tiny_dsa/*",
-                                            "tiny_dsa_w8a8/*"]},
+                                            "tiny_dsa_w8a8/*", "tiny_mimo/*"]},
     include_package_data=True,
     ext_modules=ext_modules,
     cmdclass=cmdclass,

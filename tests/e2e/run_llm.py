@@ -1,7 +1,11 @@
 """Run the embedded tiny model offline and print one JSON line of results.
 
     python tests/e2e/run_llm.py [--corrupt-block-table] [--max-tokens N] [--enforce-eager]
-                                [--skip-graph-update]
+                                [--skip-graph-update] [--model mimo --mtp K [--oracle FILE RATE]]
+
+``--mtp K``: MTP speculation with K drafts on the tiny MiMo model (its own MTP layer;
+``--oracle FILE RATE``: a deterministic RATE of the proposals replaced by FILE's plain
+continuation, see ``spec_harness.py``); ``--ragged``: request lengths differ.
 
 The platform is whatever vLLM selects in this process (set ASCEND_EXT_EMULATE=1
 for the plugin). Used by the e2e tests, in a subprocess per platform, because
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -49,6 +54,40 @@ def skip_graph_update() -> None:
     from vllm_ascend_ext.worker import npu_graph
 
     npu_graph.update_before_replay = lambda attn_metadata, key: 0
+
+
+def corrupt_verify_slot() -> None:
+    """Negative control: verify rows (2 to 4 query tokens) read one KV slot past their
+    sequence, in eager steps and in replayed graphs alike (the host lists both take)."""
+    from vllm_ascend_ext.attention.fia import builder as fia_builder
+
+    original = fia_builder.host_lists
+
+    def host_lists(cu_q, kv_lens, num_actual_tokens):
+        q = [cu_q[i + 1] - cu_q[i] for i in range(len(kv_lens))]
+        kv_lens = [n + 1 if 1 < q[i] <= 4 else n for i, n in enumerate(kv_lens)]
+        return original(cu_q, kv_lens, num_actual_tokens)
+    fia_builder.host_lists = host_lists
+
+
+def observe_replays() -> list:
+    """Observation only: per graph replay, the graph's tokens and the step's query lengths
+    (the FIA metadata's host lists, before the padding requests take the graph's rest)."""
+    from vllm_ascend_ext.attention.fia.graph_tasks import _step_lists
+    from vllm_ascend_ext.worker import npu_graph
+
+    seen = []
+    original = npu_graph.update_before_replay
+
+    def update(attn_metadata, key):
+        for _, lists in _step_lists(attn_metadata or {}):
+            ends = (0,) + tuple(lists["actual_seq_lengths"])
+            seen.append({"graph_tokens": getattr(key, "num_tokens", None),
+                         "q_lens": [b - a for a, b in zip(ends, ends[1:])]})
+            break
+        return original(attn_metadata, key)
+    npu_graph.update_before_replay = update
+    return seen
 
 
 def break_substitute(which: str) -> None:
@@ -126,9 +165,14 @@ def main() -> None:
     ap.add_argument("--ngram", action="store_true", help="ngram speculation, 3 draft tokens")
     ap.add_argument("--many", action="store_true", help="32 prompts of varied length")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--model", choices=("qwen3", "qwen_moe"), default="qwen3")
+    ap.add_argument("--model", choices=("qwen3", "qwen_moe", "mimo"), default="qwen3")
+    ap.add_argument("--mtp", type=int, default=0, help="MTP speculation with this many drafts")
+    ap.add_argument("--oracle", nargs=2, metavar=("PLAIN_RESULT", "RATE"))
+    ap.add_argument("--ragged", action="store_true",
+                    help="max_tokens differ across requests (some finish mid-draft)")
     ap.add_argument("--corrupt-moe-routing", action="store_true")
     ap.add_argument("--skip-graph-update", action="store_true")
+    ap.add_argument("--corrupt-verify-slot", action="store_true")
     ap.add_argument("--break-substitute", default=None,
                     choices=("greedy", "random", "expand", "recovered", "slot_mapping"))
     ap.add_argument("--sample", action="store_true",
@@ -142,13 +186,16 @@ def main() -> None:
         corrupt_moe_routing()
     if args.skip_graph_update:
         skip_graph_update()
+    if args.corrupt_verify_slot:
+        corrupt_verify_slot()
+    replays = observe_replays()
     if args.break_substitute:
         break_substitute(args.break_substitute)
 
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
 
-    from vllm_ascend_ext.models import tiny_model_path, tiny_qwen_moe_path
+    from vllm_ascend_ext.models import tiny_mimo_path, tiny_model_path, tiny_qwen_moe_path
 
     kwargs = {}
     if args.gpu_memory_utilization:   # the worker's profiling sizes the KV cache
@@ -159,10 +206,20 @@ def main() -> None:
     if args.ngram:
         kwargs["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3,
                                         "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    if args.mtp:
+        kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.mtp}
+        kwargs["disable_log_stats"] = False
+    substitute_calls = {}
+    if args.mtp or args.ngram:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from spec_harness import count_substitutes
+
+        substitute_calls = count_substitutes()
     if args.max_num_batched_tokens:
         kwargs.update(max_num_batched_tokens=args.max_num_batched_tokens,
                       enable_chunked_prefill=True)
-    model = tiny_qwen_moe_path() if args.model == "qwen_moe" else tiny_model_path()
+    model = {"qwen_moe": tiny_qwen_moe_path, "mimo": tiny_mimo_path,
+             "qwen3": tiny_model_path}[args.model]()
     llm = LLM(model=model, dtype=args.dtype, seed=0, max_model_len=1024,
               enforce_eager=args.enforce_eager, **kwargs)
     ctx = llm.llm_engine.vllm_config.compilation_config.static_forward_context
@@ -182,6 +239,15 @@ def main() -> None:
         sp = [SamplingParams(max_tokens=args.max_tokens, temperature=0.6 + 0.2 * (i % 4),
                              seed=1000 + i, logprobs=1, ignore_eos=True)
               for i in range(len(prompts))]
+    if args.ragged:
+        sp = [SamplingParams(max_tokens=args.max_tokens - 3 * (i % 3), temperature=0.0,
+                             logprobs=1, ignore_eos=True) for i in range(len(prompts))]
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    oracle = None
+    if args.oracle:
+        from spec_harness import oracle_drafts
+
+        oracle = oracle_drafts(runner, args.oracle[0], float(args.oracle[1]))
     outs = llm.generate(prompts, sp, use_tqdm=False)
     stats = [b.stats for b in _builders(llm) if hasattr(b, "stats")]
 
@@ -195,6 +261,7 @@ def main() -> None:
                         for st in stats],
         "moe_methods": _moe_methods(llm),
         "num_attention_layers": sum(1 for v in ctx.values() if hasattr(v, "attn_backend")),
+        "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
         "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
                      for o in outs],
@@ -202,6 +269,11 @@ def main() -> None:
     from engine_info import engine_info
 
     result["engine"] = engine_info(llm)
+    result["replays"] = replays
+    if args.mtp or args.ngram:
+        from spec_harness import spec_result
+
+        result.update(spec_result(llm, runner, substitute_calls, oracle))
     from vllm_ascend_ext.contract import mode
 
     if mode.enabled():  # this process ran every NPU call (uni executor)

