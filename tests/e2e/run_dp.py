@@ -5,7 +5,7 @@ engine each, meeting in the MoE layers), and print one JSON line of results.
     python tests/e2e/run_dp.py --dp N [--tp M] [--ep] [--model qwen-moe] [--dtype float32]
                                [--drop-combine-sum] [--swap-expert-shard]
                                [--max-num-batched-tokens T] [--moe-dispatch auto|allgather|mc2]
-                               [--mc2-rotate-experts]
+                               [--mc2-rotate-experts] [--mtp K]
 
 The prompts are split unevenly (rank 0 takes most of them, and rank 1's finish early), so
 the idle rank runs vLLM's dummy batches while the other still decodes. ``--dp 1`` runs
@@ -16,6 +16,10 @@ without summing the other ranks' partial expert outputs; ``--swap-expert-shard``
 vLLM imports this module in each worker (``worker_extension_cls``), and the import
 applies them there. ``--ep`` turns on expert parallelism (``enable_expert_parallel``). ``--mc2-rotate-experts``
 (negative control of the MC2 dispatcher) dispatches every pair to the expert ``L`` ids on.
+``--mtp K``: MTP speculation with K drafts (the checkpoint's MTP layer, whose MoE layer
+meets the other ranks' in every draft step, dummy ones included); ``--oracle FILE RATE``:
+the e2e harness's draft oracle (``spec_harness.py``) in every worker, FILE a ``--dp 1``
+result.
 """
 
 from __future__ import annotations
@@ -85,7 +89,17 @@ if os.environ.get(ROTATE) == "1":          # in the worker processes, imported b
 
 
 class WorkerExtension:
-    """Nothing of its own: naming it makes vLLM import this module in each worker."""
+    """Naming it makes vLLM import this module in each worker; ``install_oracle`` (run
+    through ``collective_rpc``) puts the test's draft oracle in the worker's drafter."""
+
+    def install_oracle(self, plain_file: str, rate: float) -> bool:
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from spec_harness import oracle_drafts
+
+        oracle_drafts(self.model_runner, plain_file, rate)
+        return True
 
 
 from dp_prompts import MAX_TOKENS, PROMPTS  # noqa: E402  (after the environment above)
@@ -101,6 +115,10 @@ def _shares(dp: int) -> list[list[int]]:
 def worker_options(args: dict) -> dict:
     """The engine options and worker environment the flags ask for (run_tp.py too)."""
     extra = {"enable_expert_parallel": bool(args.get("ep"))}
+    if args.get("mtp"):
+        extra["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args["mtp"]}
+    if args.get("oracle"):
+        extra["worker_extension_cls"] = "run_dp.WorkerExtension"
     if args.get("max_num_batched_tokens"):
         extra["max_num_batched_tokens"] = args["max_num_batched_tokens"]
     if args.get("moe_dispatch"):
@@ -125,6 +143,8 @@ def _rank(rank: int, dp: int, port: int, args: dict, queue) -> None:
 
     llm = LLM(model=_tiny_paths()[args["model"]](), dtype=args["dtype"], seed=0,
               max_model_len=512, enforce_eager=True, tensor_parallel_size=args["tp"], **extra)
+    if args.get("oracle"):
+        llm.collective_rpc("install_oracle", args=(args["oracle"][0], float(args["oracle"][1])))
     mine = _shares(dp)[rank]
     params = [SamplingParams(max_tokens=MAX_TOKENS[i], temperature=0.0, logprobs=1,
                              ignore_eos=True) for i in mine]
@@ -132,7 +152,8 @@ def _rank(rank: int, dp: int, port: int, args: dict, queue) -> None:
     workers = llm.collective_rpc(_facts)        # one per TP rank of this engine
     queue.put((rank, workers, {i: [o.outputs[0].token_ids,
                                   [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids,
-                                                                   o.outputs[0].logprobs)]]
+                                                                   o.outputs[0].logprobs)],
+                                  o.prompt_token_ids]
                               for i, o in zip(mine, outs)}))
 
 
@@ -153,7 +174,11 @@ def _facts(wrapper) -> dict:
     if mode.enabled():   # this worker's torch_npu calls, checked by its harness
         h = mode.harness()
         contract = {"calls": dict(h.calls), "violations": h.violations, "summary": h.summary()}
+    accept = getattr(worker.model_runner, "spec_acceptance", lambda: None)()
     return {"contract": contract,
+            "acceptance": None if accept is None else {
+                "drafts": accept.drafts, "draft_tokens": accept.draft_tokens,
+                "per_position": accept.per_position()},
             "sequence_parallel_moe": worker.vllm_config.parallel_config.use_sequence_parallel_moe,
             "worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
             "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
@@ -193,6 +218,8 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=0)
     ap.add_argument("--moe-dispatch", default="", help="ascend_ext.moe_dispatch")
     ap.add_argument("--mc2-rotate-experts", action="store_true")
+    ap.add_argument("--mtp", type=int, default=0)
+    ap.add_argument("--oracle", nargs=2, metavar=("PLAIN_RESULT", "RATE"))
     args = vars(ap.parse_args())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -214,6 +241,7 @@ def main() -> None:
     print("RESULT " + json.dumps({
         "engine": {k: ranks[0][1][0][k] for k in ("worker", "runner", "runtime")},
         "ranks": [worker for _, workers, _ in ranks for worker in workers],
+        "prompt_token_ids": [outputs[i][2] for i in order],
         "tokens": [outputs[i][0] for i in order],
         "logprobs": [outputs[i][1] for i in order]}), flush=True)
 

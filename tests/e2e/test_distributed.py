@@ -6,6 +6,7 @@ reference (run_dp.py --dp 1)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -102,6 +103,29 @@ def test_dp2_moe_equals_one_engine(reference, model, tp, ep):
     assert all(r["sequence_parallel_moe"] == (tp > 1) for r in two["ranks"])
     assert two["tokens"] == one["tokens"]
     assert _max_lp_diff(one, two) < 1e-4
+
+
+@pytest.mark.xdist_group("parallel")
+def test_dp2_ep2_with_mtp_equals_one_engine(reference, tmp_path):
+    """DeepSeek-V3.2 W8A8 on DP2 + EP2 with MTP k = 3: the draft layer's MoE meets the other
+    rank's in every draft step (the idle rank's dummy drafts included), the verify steps'
+    in every target step. The untrained MTP layer is helped by the harness's oracle in
+    each worker (a fixed 60% of proposals from the one-engine run), so drafts are accepted
+    at every position on the busy rank: the same tokens and logprobs as one engine without
+    speculation."""
+    one = reference("dsa-w8a8")
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(one))
+    two = run_script("run_dp.py", "--dp", "2", "--ep", "--model", "dsa-w8a8", "--mtp", "3",
+                     "--oracle", str(plain), "0.6", emulate=True)
+    assert [r["expert_shard"] for r in two["ranks"]] == ["experts [0, 2) of 4",
+                                                         "experts [2, 4) of 4"]
+    assert two["tokens"] == one["tokens"]
+    assert _max_lp_diff(one, two) < 1e-4
+    busy, idle = (r["acceptance"] for r in two["ranks"])
+    assert busy["draft_tokens"] == 3 * busy["drafts"] and idle["drafts"] > 0
+    assert all(n > 0 for n in busy["per_position"])
+    assert sum(busy["per_position"]) < busy["draft_tokens"]     # rejected drafts too
 
 
 @pytest.mark.xdist_group("parallel")
