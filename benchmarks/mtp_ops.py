@@ -32,7 +32,7 @@ import json
 
 from emulated_child import run_child
 
-# model -> (variants, tiny-model-path name)
+# model -> its variants (the model is a tiny-model-path name; dsa: its W8A8 one)
 MODELS = {"qwen3-next": ("plain", "mtp-1", "mtp-3"), "mimo": ("plain", "mtp-1"),
           "dsa": ("plain", "mtp-1")}
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.item")

@@ -99,6 +99,14 @@ class WorkerExtension:
         from spec_harness import oracle_drafts
 
         oracle_drafts(self.model_runner, plain_file, rate)
+        drafter = type(self.model_runner.drafter)
+        dummy = drafter.dummy_run
+        calls = self.dummy_drafts = [0]      # the drafter's dummy runs from here on
+
+        def counted(drafter_self, *args, **kwargs):
+            calls[0] += 1
+            return dummy(drafter_self, *args, **kwargs)
+        drafter.dummy_run = counted
         return True
 
 
@@ -179,6 +187,7 @@ def _facts(wrapper) -> dict:
             "acceptance": None if accept is None else {
                 "drafts": accept.drafts, "draft_tokens": accept.draft_tokens,
                 "per_position": accept.per_position()},
+            "dummy_drafts": getattr(worker, "dummy_drafts", [None])[0],
             "sequence_parallel_moe": worker.vllm_config.parallel_config.use_sequence_parallel_moe,
             "worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
             "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,

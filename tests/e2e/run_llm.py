@@ -70,9 +70,13 @@ def corrupt_verify_slot() -> None:
     fia_builder.host_lists = host_lists
 
 
-def observe_replays() -> list:
-    """Observation only: per graph replay, the graph's tokens and the step's query lengths
-    (the FIA metadata's host lists, before the padding requests take the graph's rest)."""
+def observe_replays(corrupt: bool = False) -> list:
+    """Observation: per graph replay, the graph's tokens and the step's query lengths (the
+    FIA metadata's host lists, before the padding requests take the graph's rest).
+    ``corrupt`` (negative control): the graph-task update gives every real request one KV
+    position too many, in replays only (eager steps keep their lists)."""
+    import dataclasses
+
     from vllm_ascend_ext.attention.fia.graph_tasks import _step_lists
     from vllm_ascend_ext.worker import npu_graph
 
@@ -85,6 +89,11 @@ def observe_replays() -> list:
             seen.append({"graph_tokens": getattr(key, "num_tokens", None),
                          "q_lens": [b - a for a, b in zip(ends, ends[1:])]})
             break
+        if corrupt and isinstance(attn_metadata, dict):
+            attn_metadata = {name: dataclasses.replace(md, actual_seq_lengths_kv=tuple(
+                n + 1 if n else n for n in md.actual_seq_lengths_kv))
+                if hasattr(md, "actual_seq_lengths_kv") else md
+                for name, md in attn_metadata.items()}
         return original(attn_metadata, key)
     npu_graph.update_before_replay = update
     return seen
@@ -173,6 +182,7 @@ def main() -> None:
     ap.add_argument("--corrupt-moe-routing", action="store_true")
     ap.add_argument("--skip-graph-update", action="store_true")
     ap.add_argument("--corrupt-verify-slot", action="store_true")
+    ap.add_argument("--corrupt-replay-lists", action="store_true")
     ap.add_argument("--break-substitute", default=None,
                     choices=("greedy", "random", "expand", "recovered", "slot_mapping"))
     ap.add_argument("--sample", action="store_true",
@@ -188,7 +198,9 @@ def main() -> None:
         skip_graph_update()
     if args.corrupt_verify_slot:
         corrupt_verify_slot()
-    replays = observe_replays()
+    replays = observe_replays(corrupt=args.corrupt_replay_lists)
+    if args.oracle and not args.mtp:
+        raise SystemExit("--oracle replaces MTP proposals: give --mtp K")
     if args.break_substitute:
         break_substitute(args.break_substitute)
 
@@ -210,7 +222,7 @@ def main() -> None:
         kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.mtp}
         kwargs["disable_log_stats"] = False
     substitute_calls = {}
-    if args.mtp or args.ngram:
+    if args.mtp:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from spec_harness import count_substitutes
 
@@ -239,7 +251,8 @@ def main() -> None:
         sp = [SamplingParams(max_tokens=args.max_tokens, temperature=0.6 + 0.2 * (i % 4),
                              seed=1000 + i, logprobs=1, ignore_eos=True)
               for i in range(len(prompts))]
-    if args.ragged:
+    if args.ragged:     # 12 / 9 / 6 ... tokens: requests finish at different steps
+        assert args.max_tokens > 6 and not args.sample, "--ragged: greedy, --max-tokens > 6"
         sp = [SamplingParams(max_tokens=args.max_tokens - 3 * (i % 3), temperature=0.0,
                              logprobs=1, ignore_eos=True) for i in range(len(prompts))]
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
@@ -270,7 +283,7 @@ def main() -> None:
 
     result["engine"] = engine_info(llm)
     result["replays"] = replays
-    if args.mtp or args.ngram:
+    if args.mtp:
         from spec_harness import spec_result
 
         result.update(spec_result(llm, runner, substitute_calls, oracle))

@@ -1,5 +1,5 @@
 """Speculative-decoding helpers shared by the e2e engine scripts (``run_gdn.py``,
-``run_dsa.py``): observation (vLLM's spec-decode counters, drafter-substitute calls) and
+``run_dsa.py``, ``run_llm.py``, ``run_dp.py``): observation (vLLM's spec-decode counters, drafter-substitute calls) and
 the test-only draft oracle.
 
 The oracle exists because the embedded tiny models' MTP layers are untrained: alone they

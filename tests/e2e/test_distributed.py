@@ -124,6 +124,8 @@ def test_dp2_ep2_with_mtp_equals_one_engine(reference, tmp_path):
     assert _max_lp_diff(one, two) < 1e-4
     busy, idle = (r["acceptance"] for r in two["ranks"])
     assert busy["draft_tokens"] == 3 * busy["drafts"] and idle["drafts"] > 0
+    # the idle rank's dummy batches ran its drafter too (its MoE met the busy rank's)
+    assert two["ranks"][1]["dummy_drafts"] > 0
     assert all(n > 0 for n in busy["per_position"])
     assert sum(busy["per_position"]) < busy["draft_tokens"]     # rejected drafts too
 

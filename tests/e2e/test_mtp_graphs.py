@@ -17,7 +17,8 @@ the harness's oracle (``spec_harness.py``), so drafts are accepted and rejected 
   among them; one FIA task update per layer per replay;
 - bf16 with contract mode: every NPU operator call validated, graph tasks included;
 - negative controls: replays without the FIA update wait on their task's event (an error
-  here); verify rows that read one KV slot too far change the tokens.
+  here); replays whose FIA update reads one KV position too far (eager steps untouched)
+  change the tokens; verify rows that read one KV slot too far change the tokens.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ def test_mtp_verify_graphs_equal_plain_decoding(plain, mtp, k):
     assert {len(t) for t in plain["tokens"]} == {12, 9, 6}
     assert res["tokens"] == plain["tokens"]
     assert _gap(res, plain) < LOGPROB_TOL
-    # verify-only steps replayed: every real request carries 1 + k query tokens, the
-    # graph's tokens a multiple of 1 + k; padding requests (0 tokens) in some replays
+    # Observed: the replays are verify-only steps (every real request with 1 + k query
+    # tokens, the graph's tokens a multiple of 1 + k: vLLM's dispatch of uniform batches),
+    # and some carry padding requests (0 tokens) that pad_to_graph gives the rest
     replays = res["replays"]
     assert len(replays) == res["engine"]["graph_replays"] > 0
     for r in replays:
@@ -102,13 +104,22 @@ def test_bfloat16_mtp_graphs_under_contract_mode(mtp):
     res = mtp(1, "--dtype", "bfloat16", ASCEND_EXT_NPU_CONTRACT="1")
     assert res["contract"]["violations"] == 0, res["contract"]["summary"]
     assert res["contract"]["calls"]["npu_fused_infer_attention_score"] > 0
-    assert res["engine"]["graph_replays"] > 0 and res["acceptance"]["draft_tokens"] > 0
+    # each replay's task update issues the checked functional call (ops/fia.py, .out)
+    assert res["engine"]["fia_task_updates"] > 0 and res["acceptance"]["draft_tokens"] > 0
 
 
 def test_negative_control_a_verify_replay_without_the_fia_update_waits(plain_file):
     with pytest.raises(AssertionError, match="ExternalEvent no graph-task update recorded"):
         run_script("run_llm.py", *WORKLOAD, "--mtp", "3", "--oracle", plain_file,
                    ORACLE_RATE, "--skip-graph-update", emulate=True, timeout=900)
+
+
+def test_negative_control_a_replay_update_reading_one_position_too_far(mtp):
+    """Only the replays' FIA task updates are wrong (eager steps keep their lists): the
+    tokens differ from eager MTP, so the replays' lists decide the output."""
+    res, eager = mtp(3, "--corrupt-replay-lists"), mtp(3, "--enforce-eager")
+    assert res["engine"]["graph_replays"] > 0
+    assert res["tokens"] != eager["tokens"]
 
 
 def test_negative_control_verify_reading_one_slot_too_far(plain, mtp):
