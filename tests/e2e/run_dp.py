@@ -150,7 +150,8 @@ def _rank(rank: int, dp: int, port: int, args: dict, queue) -> None:
     from vllm_ascend_ext.cli.plugin_commands import _tiny_paths
 
     llm = LLM(model=_tiny_paths()[args["model"]](), dtype=args["dtype"], seed=0,
-              max_model_len=512, enforce_eager=True, tensor_parallel_size=args["tp"], **extra)
+              max_model_len=512, enforce_eager=not args.get("graphs"),
+              tensor_parallel_size=args["tp"], **extra)
     if args.get("oracle"):
         llm.collective_rpc("install_oracle", args=(args["oracle"][0], float(args["oracle"][1])))
     mine = _shares(dp)[rank]
@@ -188,6 +189,8 @@ def _facts(wrapper) -> dict:
                 "drafts": accept.drafts, "draft_tokens": accept.draft_tokens,
                 "per_position": accept.per_position()},
             "dummy_drafts": getattr(worker, "dummy_drafts", [None])[0],
+            "cudagraph_mode": worker.vllm_config.compilation_config.cudagraph_mode.name,
+            "compilation_mode": worker.vllm_config.compilation_config.mode.name,
             "sequence_parallel_moe": worker.vllm_config.parallel_config.use_sequence_parallel_moe,
             "worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
             "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
@@ -228,6 +231,7 @@ def main() -> None:
     ap.add_argument("--moe-dispatch", default="", help="ascend_ext.moe_dispatch")
     ap.add_argument("--mc2-rotate-experts", action="store_true")
     ap.add_argument("--mtp", type=int, default=0)
+    ap.add_argument("--graphs", action="store_true", help="no --enforce-eager")
     ap.add_argument("--oracle", nargs=2, metavar=("PLAIN_RESULT", "RATE"))
     args = vars(ap.parse_args())
     with socket.socket() as s:

@@ -88,10 +88,18 @@ def test_dp2_moe_equals_one_engine(reference, model, tp, ep):
     computes its 2 of the 4 experts for both ranks' tokens. Tiny Qwen MoE on DP2 x TP2 with
     expert parallelism over the four ranks: vLLM runs the MoE layers sequence-parallel
     (each TP rank takes half its engine's tokens, the EP group exchanges the halves, the
-    model all-gathers over TP), each rank computing 2 of the 8 experts."""
+    model all-gathers over TP), each rank computing 2 of the 8 experts. The Qwen MoE DP2
+    run starts as a user's would, without --enforce-eager: the platform runs it eager (the
+    DP group's graph capture takes only CUDA/XPU communicators) and, emulated, uncompiled
+    (vLLM traces a CPU platform's MoE layers with their exchange)."""
     one = reference(model)
+    default = model == "qwen-moe" and tp == 1
     two = run_script("run_dp.py", "--dp", "2", "--tp", str(tp), "--model", model,
-                     *(["--ep"] if ep else []), emulate=True)
+                     *(["--ep"] if ep else []), *(["--graphs"] if default else []),
+                     emulate=True)
+    if default:
+        assert {(r["cudagraph_mode"], r["compilation_mode"]) for r in two["ranks"]} == {
+            ("NONE", "NONE")}
     assert [(r["dp_rank"], r["tp_rank"]) for r in two["ranks"]] == [
         (d, t) for d in range(2) for t in range(tp)]
     assert all(r["ep_communicator"] == "AscendCommunicator" for r in two["ranks"])

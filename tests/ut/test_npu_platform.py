@@ -61,14 +61,21 @@ def test_graph_mode_decision(requested, eager, sparse, mode, needle):
     assert got == mode and needle in why
 
 
-def test_tensor_or_pipeline_parallel_runs_are_eager():
+@pytest.mark.parametrize("sizes", [dict(pipeline_parallel_size=2),
+                                   dict(tensor_parallel_size=2),
+                                   dict(data_parallel_size=2)], ids=["pp2", "tp2", "dp2"])
+def test_tensor_pipeline_or_data_parallel_runs_are_eager(sizes):
     got, why = decide_graph_mode(CUDAGraphMode.FULL_AND_PIECEWISE, enforce_eager=False,
                                  sparse=False, parallel_ranks=2)
     assert got == CUDAGraphMode.NONE and "CUDA/XPU communicators" in why
-    config = _config(CUDAGraphMode.FULL_AND_PIECEWISE, tensor_parallel_size=1,
-                     pipeline_parallel_size=2)
+    config = _config(CUDAGraphMode.FULL_AND_PIECEWISE, **sizes)
     apply_graph_mode(config, sparse=False)
     assert config.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    assert config.compilation_config.cudagraph_capture_sizes == []
+    # one rank of each: graphs stay on (the decision reads the product of the sizes)
+    one = _config(CUDAGraphMode.FULL_AND_PIECEWISE, data_parallel_size=1)
+    apply_graph_mode(one, sparse=False)
+    assert one.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
 
 
 def test_the_engine_runs_the_v1_runner_and_refuses_a_forced_v2(monkeypatch):
@@ -89,6 +96,7 @@ def test_the_engine_runs_the_v1_runner_and_refuses_a_forced_v2(monkeypatch):
 def _config(mode, eager=False, **parallel):
     parallel.setdefault("tensor_parallel_size", 1)
     parallel.setdefault("pipeline_parallel_size", 1)
+    parallel.setdefault("data_parallel_size", 1)
     return SimpleNamespace(
         compilation_config=SimpleNamespace(cudagraph_mode=mode, cudagraph_capture_sizes=[1, 2],
                                            max_cudagraph_capture_size=2),

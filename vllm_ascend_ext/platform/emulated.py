@@ -185,6 +185,17 @@ class EmulatedAscendPlatform(CpuPlatform):
         from vllm.config import CompilationMode, CUDAGraphMode
 
         comp = start.vllm_config.compilation_config
+        parallel = start.vllm_config.parallel_config
+        exchange = (parallel.data_parallel_size > 1
+                    or (parallel.enable_expert_parallel and parallel.tensor_parallel_size > 1))
+        if exchange and comp.mode != CompilationMode.NONE:
+            # vLLM calls a CPU platform's MoE layers inside the compiled model, so their DP
+            # token exchange (sizes read from the forward context each step) would be
+            # traced; on an NPU it runs inside vLLM's opaque moe_forward op.
+            logger.info_once("ascend_ext: data/expert-parallel token exchanges on the "
+                             "emulated platform run uncompiled (vLLM traces a CPU platform's "
+                             "MoE layers; on an NPU they run inside its moe_forward op)")
+            comp.mode = CompilationMode.NONE
         if (start.npu_engine and comp.cudagraph_mode != CUDAGraphMode.NONE
                 and comp.mode != CompilationMode.NONE and comp.backend != "eager"):
             logger.info_once("ascend_ext: decode graphs on the CPU stand-in are recorded at the "
