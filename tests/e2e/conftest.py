@@ -121,6 +121,24 @@ def stock_env() -> dict[str, str]:
     return {"VLLM_PLUGINS": "no-plugin"} if npu_present() else {}
 
 
+def oracle_runs(script: str, base: tuple, plain: dict, folder, rate: str = "0.6"):
+    """Cached speculative runs of ``script`` with ``base`` arguments and the draft oracle
+    fed by ``plain`` (a plain run's result, written to ``folder``): ``get(k, *extra,
+    **env)`` runs MTP with k drafts once per distinct arguments."""
+    path = folder / "plain.json"
+    path.write_text(json.dumps(plain))
+    cache: dict = {}
+
+    def get(k: int, *extra: str, **env: str) -> dict:
+        key = (k, extra, tuple(sorted(env.items())))
+        if key not in cache:
+            cache[key] = run_script(script, *base, "--mtp", str(k), "--oracle", str(path),
+                                    rate, *extra, emulate=True, timeout=900, **env)
+        return cache[key]
+    get.plain_file = str(path)
+    return get
+
+
 @pytest.fixture(scope="session")
 def runs():
     """Engine runs shared by the tests of a session, computed on first use."""

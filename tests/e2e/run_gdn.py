@@ -30,7 +30,12 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from spec_harness import count_substitutes, oracle_drafts, spec_result  # noqa: E402
+from spec_harness import (  # noqa: E402
+    corrupt_fia_verify_slot,
+    count_substitutes,
+    oracle_drafts,
+    spec_result,
+)
 
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.item")
 PROMPTS = ["the quick brown fox jumps over the lazy dog and the quick brown fox",
@@ -73,15 +78,7 @@ def corrupt(kind: str) -> None:
             return original_build(self, common_prefix_len, cam, num_accepted_tokens, *a, **k)
         builder.AscendGdnMetadataBuilder.build = build
     elif kind == "verify-slot":
-        from vllm_ascend_ext.attention.fia import builder as fia_builder
-
-        original_lists = fia_builder.host_lists
-
-        def host_lists(cu_q, kv_lens, num_actual_tokens):
-            q = [cu_q[i + 1] - cu_q[i] for i in range(len(kv_lens))]
-            kv_lens = [n + 1 if 1 < q[i] <= 4 else n for i, n in enumerate(kv_lens)]
-            return original_lists(cu_q, kv_lens, num_actual_tokens)
-        fia_builder.host_lists = host_lists
+        corrupt_fia_verify_slot()
     else:
         raise SystemExit(f"unknown --corrupt {kind}")
 

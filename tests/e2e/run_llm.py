@@ -56,20 +56,6 @@ def skip_graph_update() -> None:
     npu_graph.update_before_replay = lambda attn_metadata, key: 0
 
 
-def corrupt_verify_slot() -> None:
-    """Negative control: verify rows (2 to 4 query tokens) read one KV slot past their
-    sequence, in eager steps and in replayed graphs alike (the host lists both take)."""
-    from vllm_ascend_ext.attention.fia import builder as fia_builder
-
-    original = fia_builder.host_lists
-
-    def host_lists(cu_q, kv_lens, num_actual_tokens):
-        q = [cu_q[i + 1] - cu_q[i] for i in range(len(kv_lens))]
-        kv_lens = [n + 1 if 1 < q[i] <= 4 else n for i, n in enumerate(kv_lens)]
-        return original(cu_q, kv_lens, num_actual_tokens)
-    fia_builder.host_lists = host_lists
-
-
 def observe_replays(corrupt: bool = False) -> list:
     """Observation: per graph replay, the graph's tokens and the step's query lengths (the
     FIA metadata's host lists, before the padding requests take the graph's rest).
@@ -197,7 +183,10 @@ def main() -> None:
     if args.skip_graph_update:
         skip_graph_update()
     if args.corrupt_verify_slot:
-        corrupt_verify_slot()
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from spec_harness import corrupt_fia_verify_slot
+
+        corrupt_fia_verify_slot()
     replays = observe_replays(corrupt=args.corrupt_replay_lists)
     if args.oracle and not args.mtp:
         raise SystemExit("--oracle replaces MTP proposals: give --mtp K")

@@ -76,6 +76,20 @@ def oracle_drafts(runner, plain_file: str, rate: float) -> dict:
     return seen
 
 
+def corrupt_fia_verify_slot() -> None:
+    """Negative control: FIA verify rows (2 to 4 query tokens) read one KV slot past their
+    sequence, in eager steps and replayed graphs alike (both take the builder's lists)."""
+    from vllm_ascend_ext.attention.fia import builder as fia_builder
+
+    original = fia_builder.host_lists
+
+    def host_lists(cu_q, kv_lens, num_actual_tokens):
+        q = [cu_q[i + 1] - cu_q[i] for i in range(len(kv_lens))]
+        kv_lens = [n + 1 if 1 < q[i] <= 4 else n for i, n in enumerate(kv_lens)]
+        return original(cu_q, kv_lens, num_actual_tokens)
+    fia_builder.host_lists = host_lists
+
+
 def spec_metrics(llm) -> dict:
     """vLLM's speculative-decoding counters (drafts, draft tokens, accepted tokens, and
     accepted tokens per draft position), read from the engine's metrics."""

@@ -22,11 +22,9 @@ run's continuation: drafts are then accepted and rejected raggedly, at every pos
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.e2e.conftest import run_script
+from tests.e2e.conftest import oracle_runs, run_script
 
 pytestmark = pytest.mark.e2e
 LOGPROB_TOL = 1e-4
@@ -44,24 +42,14 @@ def plain():
 
 
 @pytest.fixture(scope="module")
-def plain_file(plain, tmp_path_factory):
-    path = tmp_path_factory.mktemp("mtp") / "plain.json"
-    path.write_text(json.dumps(plain))
-    return str(path)
+def mtp(plain, tmp_path_factory):
+    return oracle_runs("run_gdn.py", RAGGED, plain, tmp_path_factory.mktemp("mtp"),
+                       ORACLE_RATE)
 
 
 @pytest.fixture(scope="module")
-def mtp(plain_file):
-    runs = {}
-
-    def get(k: int, *extra: str, **env: str) -> dict:
-        key = (k, extra, tuple(sorted(env.items())))
-        if key not in runs:
-            runs[key] = run_script("run_gdn.py", "--mtp", str(k), "--oracle", plain_file,
-                                   ORACLE_RATE, *RAGGED, *extra, emulate=True, timeout=900,
-                                   **env)
-        return runs[key]
-    return get
+def plain_file(mtp):
+    return mtp.plain_file
 
 
 @pytest.mark.parametrize("k", [1, 3])

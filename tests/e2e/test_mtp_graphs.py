@@ -23,11 +23,9 @@ the harness's oracle (``spec_harness.py``), so drafts are accepted and rejected 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.e2e.conftest import run_script
+from tests.e2e.conftest import oracle_runs, run_script
 
 pytestmark = pytest.mark.e2e
 LOGPROB_TOL = 1e-4
@@ -46,24 +44,14 @@ def plain():
 
 
 @pytest.fixture(scope="module")
-def plain_file(plain, tmp_path_factory):
-    path = tmp_path_factory.mktemp("mtp_graphs") / "plain.json"
-    path.write_text(json.dumps(plain))
-    return str(path)
+def mtp(plain, tmp_path_factory):
+    return oracle_runs("run_llm.py", WORKLOAD, plain, tmp_path_factory.mktemp("mtp_graphs"),
+                       ORACLE_RATE)
 
 
 @pytest.fixture(scope="module")
-def mtp(plain_file):
-    runs = {}
-
-    def get(k: int, *extra: str, **env: str) -> dict:
-        key = (k, extra, tuple(sorted(env.items())))
-        if key not in runs:
-            runs[key] = run_script("run_llm.py", *WORKLOAD, "--mtp", str(k), "--oracle",
-                                   plain_file, ORACLE_RATE, *extra, emulate=True,
-                                   timeout=900, **env)
-        return runs[key]
-    return get
+def plain_file(mtp):
+    return mtp.plain_file
 
 
 @pytest.mark.parametrize("k", [1, 3])
