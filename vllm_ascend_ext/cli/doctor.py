@@ -114,10 +114,11 @@ def _npu_platform() -> dict:
                            "token exchange for DP (all-gather / reduce-scatter)",
             "verified": "over gloo in emulation (two-rank group; TP2 and DP2 == one engine "
                         "end to end); HCCL awaits hardware",
-            "tensor_parallel": "accepted; decode graphs off for TP x PP > 1 (vLLM 0.32's "
-                               "graph-capture context asserts a CUDA/XPU communicator)",
-            "data_parallel": "accepted, MoE experts split over DP x TP (all-gather / "
-                             "reduce-scatter exchange)",
+            "tensor_parallel": "accepted; decode graphs off for TP x PP x DP > 1 (vLLM "
+                               "0.32's graph-capture context asserts a CUDA/XPU "
+                               "communicator)",
+            "data_parallel": "accepted, eager (no --enforce-eager needed), MoE experts split "
+                             "over DP x TP (all-gather / reduce-scatter exchange, or MC2)",
             "pipeline_parallel": "not refused; not tested here",
             "executors": _executors(),
         },
