@@ -78,6 +78,27 @@ def test_tensor_pipeline_or_data_parallel_runs_are_eager(sizes):
     assert one.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
 
 
+@pytest.mark.parametrize("dp,tp,ep,compiled", [(1, 1, False, True), (2, 1, False, False),
+                                              (2, 1, True, False), (1, 2, True, False),
+                                              (1, 2, False, True)])
+def test_emulated_token_exchanges_run_uncompiled(monkeypatch, dp, tp, ep, compiled):
+    """vLLM traces a CPU platform's MoE layers, their DP/EP token exchange included: the
+    emulated platform leaves such runs uncompiled, and only those."""
+    from vllm.config import CompilationMode
+
+    from vllm_ascend_ext.platform.emulated import EmulatedAscendPlatform
+
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "0")
+    comp = SimpleNamespace(mode=CompilationMode.DYNAMO_TRACE_ONCE, backend="inductor",
+                           cudagraph_mode=CUDAGraphMode.NONE)
+    start = SimpleNamespace(npu_engine=True, vllm_config=SimpleNamespace(
+        compilation_config=comp,
+        parallel_config=SimpleNamespace(data_parallel_size=dp, tensor_parallel_size=tp,
+                                        enable_expert_parallel=ep)))
+    EmulatedAscendPlatform._finish(start)
+    assert (comp.mode == CompilationMode.DYNAMO_TRACE_ONCE) == compiled
+
+
 def test_the_engine_runs_the_v1_runner_and_refuses_a_forced_v2(monkeypatch):
     monkeypatch.delenv(npu.V2_ENV, raising=False)
     config = SimpleNamespace(use_v2_model_runner=False)
