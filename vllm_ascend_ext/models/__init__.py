@@ -89,6 +89,9 @@ DSA_MODEL_CLASS = "vllm_ascend_ext.models.deepseek_v32:AscendDeepseekV32ForCausa
 # The draft architecture vLLM names for their MTP layers (``--speculative-config`` mtp).
 DSA_MTP_ARCHITECTURE = "DeepseekV32MTPModel"
 DSA_MTP_MODEL_CLASS = "vllm_ascend_ext.models.dsa_mtp:AscendDsaMTP"
+# Qwen3-Next with its tie_word_embeddings honoured (``qwen3_next.py``).
+QWEN3_NEXT_ARCHITECTURE = "Qwen3NextForCausalLM"
+QWEN3_NEXT_MODEL_CLASS = "vllm_ascend_ext.models.qwen3_next:AscendQwen3NextForCausalLM"
 
 
 def register_models() -> None:
@@ -99,5 +102,4 @@ def register_models() -> None:
     for arch in DSA_ARCHITECTURES:
         ModelRegistry.register_model(arch, DSA_MODEL_CLASS)
     ModelRegistry.register_model(DSA_MTP_ARCHITECTURE, DSA_MTP_MODEL_CLASS)
-    ModelRegistry.register_model("Qwen3NextForCausalLM",
-                                 "vllm_ascend_ext.models.qwen3_next:AscendQwen3NextForCausalLM")
+    ModelRegistry.register_model(QWEN3_NEXT_ARCHITECTURE, QWEN3_NEXT_MODEL_CLASS)

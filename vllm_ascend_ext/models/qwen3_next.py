@@ -17,9 +17,6 @@ from collections.abc import Iterable
 import torch
 from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
 
-ARCHITECTURE = "Qwen3NextForCausalLM"
-MODEL_CLASS = "vllm_ascend_ext.models.qwen3_next:AscendQwen3NextForCausalLM"
-
 
 class AscendQwen3NextForCausalLM(Qwen3NextForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
