@@ -177,8 +177,9 @@ def _serve(model: str, port: int | None, rpc: int, log, *, headless: bool) -> su
     loopback; the first serves the API, the second (``--headless``) only its engine."""
     env = child_env(emulate=True, VLLM_CPU_OMP_THREADS_BIND="nobind")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")     # as a user's server runs
+    # no --enforce-eager: the platform makes DP engines eager (and, emulated, uncompiled)
     cmd = [sys.executable, "-m", "vllm_ascend_ext", "serve", model, "--dtype", "float32",
-           "--enforce-eager", "--max-model-len", "512", "--seed", "0",
+           "--max-model-len", "512", "--seed", "0",
            "--enable-expert-parallel", "--data-parallel-size", "2",
            "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
            "--data-parallel-rpc-port", str(rpc)]
