@@ -93,11 +93,8 @@ class WorkerExtension:
     through ``collective_rpc``) puts the test's draft oracle in the worker's drafter."""
 
     def install_oracle(self, plain_file: str, rate: float) -> bool:
-        import sys
-
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        # spec_harness sits beside this module, on the path vLLM imported it from
         from spec_harness import oracle_drafts
-
         oracle_drafts(self.model_runner, plain_file, rate)
         drafter = type(self.model_runner.drafter)
         dummy = drafter.dummy_run

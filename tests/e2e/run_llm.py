@@ -17,12 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from spec_harness import (  # noqa: E402
+    corrupt_fia_verify_slot,
+    count_substitutes,
+    oracle_drafts,
+    spec_result,
+)
 
 PROMPTS = [
     "the quick brown fox jumps over the lazy dog and then",
@@ -183,9 +189,6 @@ def main() -> None:
     if args.skip_graph_update:
         skip_graph_update()
     if args.corrupt_verify_slot:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from spec_harness import corrupt_fia_verify_slot
-
         corrupt_fia_verify_slot()
     replays = observe_replays(corrupt=args.corrupt_replay_lists)
     if args.oracle and not args.mtp:
@@ -210,12 +213,7 @@ def main() -> None:
     if args.mtp:
         kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.mtp}
         kwargs["disable_log_stats"] = False
-    substitute_calls = {}
-    if args.mtp:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from spec_harness import count_substitutes
-
-        substitute_calls = count_substitutes()
+    substitute_calls = count_substitutes() if args.mtp else {}
     if args.max_num_batched_tokens:
         kwargs.update(max_num_batched_tokens=args.max_num_batched_tokens,
                       enable_chunked_prefill=True)
@@ -247,8 +245,6 @@ def main() -> None:
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     oracle = None
     if args.oracle:
-        from spec_harness import oracle_drafts
-
         oracle = oracle_drafts(runner, args.oracle[0], float(args.oracle[1]))
     outs = llm.generate(prompts, sp, use_tqdm=False)
     stats = [b.stats for b in _builders(llm) if hasattr(b, "stats")]
@@ -273,8 +269,6 @@ def main() -> None:
     result["engine"] = engine_info(llm)
     result["replays"] = replays
     if args.mtp:
-        from spec_harness import spec_result
-
         result.update(spec_result(llm, runner, substitute_calls, oracle))
     from vllm_ascend_ext.contract import mode
 
