@@ -23,7 +23,7 @@ MIXED_SPLIT_CHOICES = ("auto", "on", "off")
 SFA_PREPROCESS_CHOICES = ("auto", "native", "prolog_v3")
 WEIGHT_NZ_CHOICES = ("auto", "off")
 LAYER_OPS_CHOICES = ("fused", "native")
-MOE_DISPATCH_CHOICES = ("auto", "allgather", "mc2")
+MOE_DISPATCH_CHOICES = ("auto", "allgather", "mc2", "alltoall")
 
 
 class AscendExtConfigError(AscendExtError):
@@ -51,7 +51,8 @@ class AscendExtConfig:
     layer_ops: str = "fused"
     # Expert-parallel token exchange under DP: "auto" takes MC2 where its documented
     # bounds hold (moe/mc2.py), "allgather" always vLLM's all-gather / reduce-scatter,
-    # "mc2" refuses at model load where MC2 cannot run.
+    # "mc2" refuses at model load where MC2 cannot run; "alltoall" (opt-in: one host read
+    # per MoE layer per step) sends each row only to its expert's rank (moe/alltoall.py).
     moe_dispatch: str = "auto"
 
 
@@ -65,7 +66,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, tuple[str, ...] | None, str]]] = {
         "layer_ops": (str, LAYER_OPS_CHOICES,
                       "RMSNorm, RoPE, SiluAndMul: fused torch_npu ops, or vLLM's native"),
         "moe_dispatch": (str, MOE_DISPATCH_CHOICES,
-                         "expert-parallel token exchange under DP (auto: MC2 where documented)"),
+                         "expert-parallel token exchange under DP (auto: MC2 where documented; alltoall: opt-in, one host read per MoE layer and step)"),
     },
     "sfa": {
         "preprocess": (str, SFA_PREPROCESS_CHOICES, "SFA preprocessing route"),

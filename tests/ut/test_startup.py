@@ -24,7 +24,7 @@ MODELS = Path(__file__).resolve().parents[2] / "vllm_ascend_ext" / "models"
 
 HEAD = ["parse: ascend_ext options", "platform: check", "parse: model facts",
         "parse: quantization description", "refuse: EPLB, all-to-all backends",
-        "refuse: forced MC2 dispatch", "platform: refuse"]
+        "refuse: forced MC2 / all-to-all dispatch", "platform: refuse"]
 TAIL = ["default: exact host lists", "default: layer ops", "preflight", "platform: finish"]
 # The whole sequence of one start, for a standard decoder, an SFA and a hybrid model.
 EXPECTED = {

@@ -13,6 +13,8 @@ model would be wrong on it. This class adds them:
   are host integers vLLM already holds (its DP metadata), so nothing is read back from
   the device, and the same code runs on HCCL (torch_npu's process group on an NPU) and on
   gloo (the emulated platform): neither takes uneven all-gathers natively.
+- ``all_to_all_v``: rows with per-rank sizes (host integers) to and from every rank, one
+  ``all_to_all_single``: the all-to-all token dispatcher's exchange (``moe/alltoall.py``).
 - the MoE exchange for data parallelism: vLLM's all-gather / reduce-scatter manager
   (``AgRsAll2AllManager``: every DP rank gathers all ranks' tokens and router logits,
   computes its share of the experts, and the partial sums are reduce-scattered back),
@@ -124,6 +126,25 @@ class AscendCommunicator(DeviceCommunicatorBase):
 
     def combine(self, hidden_states, is_sequence_parallel: bool = False):
         return self._manager().combine(hidden_states, is_sequence_parallel)
+
+    # -- all-to-all with per-rank sizes (the all-to-all token dispatcher, moe/alltoall.py) -
+    def all_to_all_v(self, input_: torch.Tensor, out_splits: list[int],
+                     in_splits: list[int]) -> torch.Tensor:
+        """Rows ``input_[sum(in_splits[:r]) : ...+in_splits[r]]`` go to rank ``r``; the result
+        holds ``out_splits[r]`` rows from each rank ``r``, in rank order. The sizes are host
+        integers, as HCCL's AlltoAllV and ``all_to_all_single`` take them."""
+        in_splits = _check_sizes(in_splits, self.world_size, "all_to_all_v in_splits")
+        out_splits = _check_sizes(out_splits, self.world_size, "all_to_all_v out_splits")
+        if input_.shape[0] != sum(in_splits):
+            raise ValueError(f"all_to_all_v: {input_.shape[0]} rows, in_splits sum to "
+                             f"{sum(in_splits)}")
+        out = input_.new_empty((sum(out_splits), *input_.shape[1:]))
+        if self.world_size == 1:
+            out.copy_(input_)
+            return out
+        dist.all_to_all_single(out, input_.contiguous(), out_splits, in_splits,
+                               group=self.device_group)
+        return out
 
     # -- the MC2 operators' group name ---------------------------------------------------
     def moe_group_name(self) -> str:

@@ -78,13 +78,15 @@ def route(plan: RoutingPlan, router_logits: torch.Tensor,
     return weights, ids
 
 
-def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+def routed_experts(x: torch.Tensor, weights: torch.Tensor | None, ids: torch.Tensor,
                    w13: torch.Tensor, w2: torch.Tensor,
                    shard: ExpertShard | None = None) -> torch.Tensor:
     """``sum_k weights[t, k] * FFN_{ids[t, k]}(x[t])`` for ``x [T, H]``, with
     ``FFN_e(v) = (silu(v @ w13[e][:, :I]) * (v @ w13[e][:, I:])) @ w2[e]``; with a sharded
     ``shard``, the sum over the pairs whose expert is in it (``w13``/``w2`` hold those
-    experts in slot order). ``None``: every expert of ``w13``."""
+    experts in slot order). ``None``: every expert of ``w13``. ``weights`` ``None`` (with
+    ``k = 1``): each row's FFN output unweighted, in row order (the all-to-all dispatcher's
+    local experts, ``alltoall.py``)."""
     shard = shard or ExpertShard(w13.shape[0], w13.shape[0])
     with groups_may_end_early(shard.is_sharded):
         expanded, row_idx, counts = _dispatch(x, ids, shard)
@@ -111,7 +113,7 @@ def _dispatch(x: torch.Tensor, ids: torch.Tensor, shard: ExpertShard):
 
 
 def _combine(down: torch.Tensor, row_idx: torch.Tensor, groups: torch.Tensor,
-             weights: torch.Tensor, shard: ExpertShard) -> torch.Tensor:
+             weights: torch.Tensor | None, shard: ExpertShard) -> torch.Tensor:
     """Each token's rows weighted and summed (sharded: the foreign rows cleared first)."""
     return npu_moe_token_unpermute(shard.clear_foreign_rows(down, groups), row_idx,
                                    probs=weights)
@@ -125,7 +127,7 @@ def _quantized_gmm(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
                               output_dtype=DTYPE_ENUM[out_dtype])[0]
 
 
-def routed_experts_w8a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+def routed_experts_w8a8(x: torch.Tensor, weights: torch.Tensor | None, ids: torch.Tensor,
                         w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                         w2_scale: torch.Tensor, shard: ExpertShard | None = None) -> torch.Tensor:
     """``routed_experts`` with int8 ``w13 [E, H, 2I]`` / ``w2 [E, I, H]`` and their
@@ -139,7 +141,7 @@ def routed_experts_w8a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
         return _combine(down, row_idx, groups, weights, shard)
 
 
-def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor | None, ids: torch.Tensor,
                               w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                               w2_scale: torch.Tensor,
                               shard: ExpertShard | None = None) -> torch.Tensor:

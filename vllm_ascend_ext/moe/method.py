@@ -32,6 +32,7 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 )
 
 from vllm_ascend_ext.moe import experts
+from vllm_ascend_ext.moe.alltoall import AllToAllPlan, alltoall_plan, routed_experts_alltoall
 from vllm_ascend_ext.moe.expert_shard import ExpertShard, expert_shard
 from vllm_ascend_ext.moe.mc2 import Mc2Facts, Mc2Plan, declined, mc2_plan, routed_experts_mc2
 from vllm_ascend_ext.moe.routing import RoutingPlan, UnsupportedMoEError, plan_routing
@@ -102,6 +103,27 @@ def ep_group_name() -> str:
     return get_ep_group().device_communicator.moe_group_name()
 
 
+def ep_communicator():
+    """The EP group's device communicator (the all-to-all dispatcher's exchange)."""
+    from vllm.distributed.parallel_state import get_ep_group
+
+    return get_ep_group().device_communicator
+
+
+def every_expert_map(layer):
+    """Every EP rank's expert map for ``layer``, in rank order: one all-gather over the EP
+    group's CPU group when the layer is built (every rank builds the same layers in the
+    same order), never per step."""
+    import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_ep_group
+
+    group = get_ep_group()
+    mine = layer.expert_map.detach().to("cpu", torch.int32).contiguous()
+    maps = [torch.empty_like(mine) for _ in range(group.world_size)]
+    dist.all_gather(maps, mine, group=group.cpu_group)
+    return maps
+
+
 def layer_expert_shard(layer) -> ExpertShard:
     """The experts this rank computes (all of them without expert parallelism)."""
     name = getattr(layer, "layer_name", type(layer).__name__)
@@ -145,7 +167,8 @@ class MonolithicEntry:
 
     plan: RoutingPlan | None = None
     shard: ExpertShard | None = None
-    mc2: Mc2Plan | None = None       # the MC2 dispatcher's plan (moe/mc2.py), None: all-gather
+    mc2: Mc2Plan | None = None       # the MC2 dispatcher's plan (moe/mc2.py)
+    a2a: AllToAllPlan | None = None  # the all-to-all dispatcher's (moe/alltoall.py); both None: all-gather
     opaque_entry = False
     quantized = False
 
@@ -155,23 +178,31 @@ class MonolithicEntry:
         self.plan = layer_routing_plan(layer)
         self.shard = layer_expert_shard(layer)
         facts = layer_mc2_facts(layer, self.shard, self.quantized)
-        self.mc2 = mc2_plan(facts, ep_group_name)
-        if facts.exchange and self.mc2 is None:
+        self.a2a = alltoall_plan(facts, lambda: every_expert_map(layer), ep_communicator)
+        self.mc2 = None if self.a2a is not None else mc2_plan(facts, ep_group_name)
+        if self.a2a is not None:
+            logger.info_once("ascend_ext: expert-parallel MoE layers exchange tokens by "
+                             "all-to-all (ascend_ext.moe_dispatch 'alltoall'): one host read "
+                             "per MoE layer per step")
+        elif facts.exchange and self.mc2 is None:
             logger.info_once("ascend_ext: expert-parallel MoE layers exchange tokens by "
                              "all-gather / reduce-scatter: %s", "; ".join(declined(facts)))
 
     @property
     def supports_internal_mk(self) -> bool:
         # vLLM's runner skips its own DP token exchange for a layer whose method exchanges
-        # the tokens itself (the MC2 dispatcher), and runs it otherwise.
-        return self.mc2 is not None
+        # the tokens itself (the MC2 and all-to-all dispatchers), and runs it otherwise.
+        return self.mc2 is not None or self.a2a is not None
 
     def place_shard(self, weight: torch.Tensor) -> None:
         """The shard's tables on the weights' device (after loading)."""
         self.shard = self.shard.to(weight.device)
+        if self.a2a is not None:
+            self.a2a = self.a2a.to(weight.device)
         logger.debug_once("ascend_ext: MoE layers routed by %s (%s), %s, %s", self.plan.op,
                           self.plan.describe(), self.shard.describe(),
-                          "MC2 dispatch" if self.mc2 else "no MC2")
+                          "MC2 dispatch" if self.mc2 else
+                          "all-to-all dispatch" if self.a2a else "no MC2")
 
     def init_entry(self) -> None:
         from vllm.platforms import current_platform
@@ -245,11 +276,14 @@ class AscendFusedMoEMethod(MonolithicEntry, UnquantizedFusedMoEMethod):
 
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(layer, router_logits)
+        w13, w2 = layer.w13_weight, layer.w2_weight
         if self.mc2 is not None:
-            return routed_experts_mc2(x, weights, ids, layer.w13_weight, layer.w2_weight,
-                                      self.mc2)
-        return experts.routed_experts(x, weights, ids, layer.w13_weight, layer.w2_weight,
-                                      self.shard)
+            return routed_experts_mc2(x, weights, ids, w13, w2, self.mc2)
+        if self.a2a is not None:
+            return routed_experts_alltoall(
+                x, weights, ids, self.a2a,
+                lambda rows, slots: experts.routed_experts(rows, None, slots, w13, w2))
+        return experts.routed_experts(x, weights, ids, w13, w2, self.shard)
 
 
 def register() -> None:

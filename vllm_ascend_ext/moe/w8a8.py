@@ -25,6 +25,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightSc
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_ascend_ext.moe import experts
+from vllm_ascend_ext.moe.alltoall import routed_experts_alltoall
 from vllm_ascend_ext.moe.method import MonolithicEntry, transpose_experts
 from vllm_ascend_ext.moe.routing import UnsupportedMoEError
 from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, cast_parameter, npu_format
@@ -33,7 +34,7 @@ from vllm_ascend_ext.quantization.weight_format import current_quantized_weight_
 
 
 class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
-    quantized = True      # the MC2 gate declines (moe/mc2.py)
+    quantized = True      # the MC2 gate declines (moe/mc2.py); all-to-all takes it
 
     def __init__(self, moe, prefix: str, *, dummy_loading: bool = False) -> None:
         super().__init__(moe)
@@ -87,5 +88,8 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
         weights, ids = self.routed(layer, router_logits)
         run = (experts.routed_experts_w8a8_fused if self.fused_experts
                else experts.routed_experts_w8a8)
-        return run(x, weights, ids, layer.w13_weight, layer.w13_weight_scale, layer.w2_weight,
-                   layer.w2_weight_scale, self.shard)
+        mine = (layer.w13_weight, layer.w13_weight_scale, layer.w2_weight, layer.w2_weight_scale)
+        if self.a2a is not None:     # the rows arrive in float; quantized here, per row
+            return routed_experts_alltoall(x, weights, ids, self.a2a,
+                                           lambda rows, slots: run(rows, None, slots, *mine))
+        return run(x, weights, ids, *mine, self.shard)

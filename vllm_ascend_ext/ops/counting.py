@@ -228,3 +228,18 @@ def npu_op(name: str) -> Callable[[F], F]:
         return inner  # type: ignore[return-value]
 
     return wrap
+
+
+HOST_READ = "ascend_ext.host_read"
+
+
+def host_read(tensor: torch.Tensor) -> list:
+    """``tensor`` read to the host as a list: a device-to-host copy, which waits for the
+    device (a host sync). The plugin's hot paths make none, except the one the all-to-all
+    token dispatcher is documented to make (``moe/alltoall.py``, opt-in); it goes through
+    here so the op counter counts it, as ``HOST_READ``, where the emulated device (the CPU)
+    would show no copy at all."""
+    if _ACTIVE:
+        for c in _ACTIVE:
+            c._count(HOST_READ)
+    return tensor.cpu().tolist()

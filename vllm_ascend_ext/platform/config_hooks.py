@@ -66,34 +66,40 @@ def refuse_expert_parallel(vllm_config) -> None:
 _EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
 
 
-def refuse_forced_mc2(vllm_config, family: str) -> None:
-    """``ascend_ext.moe_dispatch: "mc2"`` refused before any weight loads when the
-    configuration already rules MC2 out (``moe/mc2.declined`` on what the config says: the
-    SoC, DP/EP, dtype, the step budget, the model's hidden size, experts and top-k); the
-    MoE layers decide again, with their own sizes, when they are built."""
+def refuse_forced_dispatch(vllm_config, family: str) -> None:
+    """``ascend_ext.moe_dispatch: "mc2"`` or ``"alltoall"`` refused before any weight loads
+    when the configuration already rules the route out (``moe/mc2.declined`` /
+    ``moe/alltoall.declined`` on what the config says: the SoC, DP/EP, dtype, the step
+    budget, the model's hidden size, experts and top-k); the MoE layers decide again, with
+    their own sizes, when they are built."""
+    from vllm_ascend_ext.moe import alltoall
     from vllm_ascend_ext.moe.mc2 import Mc2Facts, Mc2Refused, declined
 
-    if get_config(vllm_config).moe_dispatch != "mc2" or vllm_config.model_config is None:
+    setting = get_config(vllm_config).moe_dispatch
+    if setting not in ("mc2", alltoall.SETTING) or vllm_config.model_config is None:
         return
+    refused = Mc2Refused if setting == "mc2" else alltoall.AllToAllRefused
+    what = "MC2" if setting == "mc2" else "all-to-all"
     par, model = vllm_config.parallel_config, vllm_config.model_config
     text = getattr(model, "hf_text_config", None) or model.hf_config
     experts = next((int(getattr(text, k)) for k in _EXPERT_KEYS if getattr(text, k, None)), 0)
     if not experts:
-        raise Mc2Refused("ascend_ext.moe_dispatch is 'mc2' but the model has no MoE layers")
+        raise refused(f"ascend_ext.moe_dispatch is {setting!r} but the model has no MoE layers")
     sp = bool(getattr(par, "use_sequence_parallel_moe", False))
     tokens = vllm_config.scheduler_config.max_num_batched_tokens
     world = par.data_parallel_size * par.tensor_parallel_size
-    why = declined(Mc2Facts(
-        setting="mc2", family=family,
+    facts = Mc2Facts(
+        setting=setting, family=family,
         exchange=bool(par.enable_expert_parallel) and (par.data_parallel_size > 1 or sp),
         linear=True, quantized=False, dtype=model.dtype, hidden=int(text.hidden_size),
         top_k=int(getattr(text, "num_experts_per_tok", 0) or 0), experts=experts,
         ep_world_size=world, ep_rank=0,
         capacity=-(-tokens // par.tensor_parallel_size) if sp else tokens,
-        replicated=par.tensor_parallel_size > 1 and not sp))
+        replicated=par.tensor_parallel_size > 1 and not sp)
+    why = declined(facts) if setting == "mc2" else alltoall.declined(facts)
     if why:
-        raise Mc2Refused("ascend_ext.moe_dispatch is 'mc2' but MC2 cannot run here: "
-                         + "; ".join(why) + " (use 'auto' or 'allgather')")
+        raise refused(f"ascend_ext.moe_dispatch is {setting!r} but {what} cannot run here: "
+                      + "; ".join(why) + " (use 'auto' or 'allgather')")
 
 
 def refuse_sfa_block_size(cache_config) -> None:

@@ -7,7 +7,8 @@ Each platform's ``check_and_update_config`` is ``run(vllm_config, side)``; its
 parse                 the plugin's options (``additional_config["ascend_ext"]``)
 side.check            can the platform start here: SoC, NPU stack, contract mode -> (SoC, engine)
 parse                 the model's facts (once per start), a ModelSlim description by the weights
-refuse                expert load balancing, all-to-all backends other than vLLM's exchange
+refuse                expert load balancing, all-to-all backends other than vLLM's exchange,
+                      a forced MC2 or all-to-all dispatch the configuration rules out
 side.refuse           the platform's own refusals (NPU: dual-batch overlap, Model Runner V2)
 refuse                an SFA model's block size (the user's), drafter speculation (NPU engine)
 side.setup            the platform's own set-up (NPU: spawn, worker, block size; emulated:
@@ -82,7 +83,8 @@ def run(vllm_config, side: Side, *, on_step: Callable[[str], None] | None = None
     step("parse: quantization description", hooks.apply_quant_description, vllm_config)
 
     step("refuse: EPLB, all-to-all backends", hooks.refuse_expert_parallel, vllm_config)
-    step("refuse: forced MC2 dispatch", hooks.refuse_forced_mc2, vllm_config, soc.family)
+    step("refuse: forced MC2 / all-to-all dispatch", hooks.refuse_forced_dispatch, vllm_config,
+         soc.family)
     step("platform: refuse", side.refuse, start)
     if facts.sparse_mla:
         step("refuse: SFA block size", hooks.refuse_sfa_block_size, cache)
