@@ -4,8 +4,9 @@ engine each, meeting in the MoE layers), and print one JSON line of results.
 
     python tests/e2e/run_dp.py --dp N [--tp M] [--ep] [--model qwen-moe] [--dtype float32]
                                [--drop-combine-sum] [--swap-expert-shard]
-                               [--max-num-batched-tokens T] [--moe-dispatch auto|allgather|mc2]
-                               [--mc2-rotate-experts] [--mtp K]
+                               [--max-num-batched-tokens T]
+                               [--moe-dispatch auto|allgather|mc2|alltoall]
+                               [--mc2-rotate-experts] [--a2a-roll-placement] [--mtp K]
 
 The prompts are split unevenly (rank 0 takes most of them, and rank 1's finish early), so
 the idle rank runs vLLM's dummy batches while the other still decodes. ``--dp 1`` runs
@@ -15,7 +16,10 @@ without summing the other ranks' partial expert outputs; ``--swap-expert-shard``
 ``--ep``) makes each rank compute its own expert weights as the next rank's experts.
 vLLM imports this module in each worker (``worker_extension_cls``), and the import
 applies them there. ``--ep`` turns on expert parallelism (``enable_expert_parallel``). ``--mc2-rotate-experts``
-(negative control of the MC2 dispatcher) dispatches every pair to the expert ``L`` ids on.
+(negative control of the MC2 dispatcher) dispatches every pair to the expert ``L`` ids on;
+``--a2a-roll-placement`` (the all-to-all dispatcher's) plans every rank's exchange with the
+expert maps rolled by one rank, so rows reach a rank holding other experts. With
+``--moe-dispatch alltoall`` each worker counts the dispatcher's host reads.
 ``--mtp K``: MTP speculation with K drafts (the checkpoint's MTP layer, whose MoE layer
 meets the other ranks' in every draft step, dummy ones included); ``--oracle FILE RATE``:
 the e2e harness's draft oracle (``spec_harness.py``) in every worker, FILE a ``--dp 1``
@@ -88,6 +92,38 @@ if os.environ.get(ROTATE) == "1":          # in the worker processes, imported b
         _mc2_method.routed_experts_mc2 = _rotated
 
 
+A2A_ROLL = "RUN_DP_A2A_ROLL_PLACEMENT"
+A2A_READS = "RUN_DP_A2A_COUNT_HOST_READS"
+if os.environ.get(A2A_ROLL) == "1" or os.environ.get(A2A_READS) == "1":   # in the workers
+    from vllm_ascend_ext.moe import alltoall as _a2a
+
+    if os.environ.get(A2A_ROLL) == "1" and not hasattr(_a2a.placement, "rolled"):
+        _placement_of = _a2a.placement
+
+        def _rolled(maps):
+            """Every rank plans with the maps rolled by one: rows go to the next rank."""
+            return _placement_of(maps[1:] + maps[:1])
+
+        _rolled.rolled = True
+        _a2a.placement = _rolled
+    if os.environ.get(A2A_READS) == "1" and not hasattr(_a2a.host_read, "reads"):
+        _read_of = _a2a.host_read
+
+        def _counted_read(tensor):
+            _counted_read.reads += 1
+            return _read_of(tensor)
+
+        _counted_read.reads = 0
+        _a2a.host_read = _counted_read
+
+
+def _a2a_host_reads():
+    import sys
+
+    mod = sys.modules.get("vllm_ascend_ext.moe.alltoall")
+    return getattr(getattr(mod, "host_read", None), "reads", None)
+
+
 class WorkerExtension:
     """Naming it makes vLLM import this module in each worker; ``install_oracle`` (run
     through ``collective_rpc``) puts the test's draft oracle in the worker's drafter."""
@@ -128,8 +164,11 @@ def worker_options(args: dict) -> dict:
         extra["max_num_batched_tokens"] = args["max_num_batched_tokens"]
     if args.get("moe_dispatch"):
         extra["additional_config"] = {"ascend_ext": {"moe_dispatch": args["moe_dispatch"]}}
+    if args.get("moe_dispatch") == "alltoall":
+        args["a2a_count_host_reads"] = True
     for flag, env in (("drop_combine_sum", DROP), ("swap_expert_shard", SWAP),
-                      ("drop_all_reduce", DROP_ALL_REDUCE), ("mc2_rotate_experts", ROTATE)):
+                      ("drop_all_reduce", DROP_ALL_REDUCE), ("mc2_rotate_experts", ROTATE),
+                      ("a2a_roll_placement", A2A_ROLL), ("a2a_count_host_reads", A2A_READS)):
         if args.get(flag):
             os.environ[env] = "1"
             extra["worker_extension_cls"] = "run_dp.WorkerExtension"
@@ -196,7 +235,10 @@ def _facts(wrapper) -> dict:
             "tp_communicator": type(get_tp_group().device_communicator).__name__,
             "ep_communicator": type(get_ep_group().device_communicator).__name__,
             "expert_shard": _first_shard(worker.model_runner.model),
-            "mc2_layers": _mc2_layers(worker.model_runner.model)}
+            "mc2_layers": _mc2_layers(worker.model_runner.model),
+            "a2a_layers": sum(getattr(m, "a2a", None) is not None
+                              for m in _moe_methods(worker.model_runner.model)),
+            "a2a_host_reads": _a2a_host_reads()}
 
 
 def _moe_methods(model) -> list:
@@ -227,6 +269,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=0)
     ap.add_argument("--moe-dispatch", default="", help="ascend_ext.moe_dispatch")
     ap.add_argument("--mc2-rotate-experts", action="store_true")
+    ap.add_argument("--a2a-roll-placement", action="store_true")
     ap.add_argument("--mtp", type=int, default=0)
     ap.add_argument("--graphs", action="store_true", help="no --enforce-eager")
     ap.add_argument("--oracle", nargs=2, metavar=("PLAIN_RESULT", "RATE"))

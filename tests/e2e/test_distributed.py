@@ -172,6 +172,38 @@ def test_dp2_negative_controls_change_the_tokens(reference, model, control):
     assert broken["tokens"] != reference(model)["tokens"]
 
 
+@pytest.mark.xdist_group("parallel")
+@pytest.mark.parametrize("model", ["qwen-moe", "dsa-w8a8"])
+def test_dp2_ep2_through_all_to_all_equals_one_engine(reference, model):
+    """``ascend_ext.moe_dispatch: "alltoall"`` (moe/alltoall.py): every MoE layer of both DP
+    ranks sends each (token, k) row only to the rank owning its expert over the
+    communicator's all_to_all_v and gets the results back, the idle rank's dummy batches
+    included. Tiny Qwen MoE (float experts) and tiny DeepSeek-V3.2 W8A8 (int8 experts,
+    the rows quantized where they arrive): the same greedy tokens and logprobs within fp32
+    noise as one engine. The dispatcher's host reads are counted in each worker: one per
+    MoE layer per forward (a multiple of the layers, the same on both ranks: they meet in
+    every layer)."""
+    one = reference(model)
+    two = run_script("run_dp.py", "--dp", "2", "--ep", "--model", model,
+                     "--moe-dispatch", "alltoall", emulate=True)
+    layers = [r["a2a_layers"] for r in two["ranks"]]
+    assert layers[0] == layers[1] > 0 and all(r["mc2_layers"] == 0 for r in two["ranks"])
+    reads = [r["a2a_host_reads"] for r in two["ranks"]]
+    assert reads[0] == reads[1] > 0 and reads[0] % layers[0] == 0
+    assert two["tokens"] == one["tokens"]
+    assert _max_lp_diff(one, two) < 1e-4
+
+
+@pytest.mark.xdist_group("parallel")
+def test_all_to_all_negative_control_rows_sent_to_the_wrong_rank_change_the_tokens(reference):
+    """The same Qwen MoE all-to-all run with every rank planning its exchange with the
+    expert maps rolled by one rank: rows reach the rank holding other experts."""
+    broken = run_script("run_dp.py", "--dp", "2", "--ep", "--model", "qwen-moe",
+                        "--moe-dispatch", "alltoall", "--a2a-roll-placement", emulate=True)
+    assert all(r["a2a_layers"] > 0 for r in broken["ranks"])
+    assert broken["tokens"] != reference("qwen-moe")["tokens"]
+
+
 def _serve(model: str, port: int | None, rpc: int, log, *, headless: bool) -> subprocess.Popen:
     """One "node" of vLLM's documented multi-node DP: DP2, one local rank each, over
     loopback; the first serves the API, the second (``--headless``) only its engine."""
