@@ -19,12 +19,12 @@ No timing. Layouts (one Atlas 800 pair, 16 NPUs):
   EP group (two calls: the communicator gathers a list tensor by tensor), every rank
   computes its 16 experts for all 16 slices, ``reduce_scatterv`` of the partial outputs
   over the EP group, and the model all-gathers its engine's tokens over TP8.
-- **DP2 x TP8 + EP16, all-to-all** (not built: a projection of vllm-ascend's
-  ``TokenDispatcherWithAll2AllV``): each TP rank dispatches 1/8 of its engine's tokens;
-  every (token, k) row goes to the rank owning its expert (the share that stays local is
-  ``1/16``); first every rank's per-expert counts are all-gathered over the EP group and
-  two split lists read to the host; the rows come back the same way, and an all-gather
-  over TP8 restores the engine's tokens.
+- **DP2 x TP8 + EP16, all-to-all** (built, opt-in: ``moe_dispatch: "alltoall"``,
+  ``moe/alltoall.py``): each TP rank dispatches 1/8 of its engine's tokens; every
+  (token, k) row goes to the rank owning its expert (the share that stays local is
+  ``1/16``); first each rank's per-expert row counts go to the experts' ranks (an
+  all-to-all) and the split sizes are read to the host once; the rows come back the same
+  way, and an all-gather over TP8 restores the engine's tokens.
 - **MC2** (``npu_moe_distribute_dispatch_v2`` / ``combine_v2``, ``moe/mc2.py``; built for
   float experts on A3, taken where the documented bounds hold, e.g. at most 512 tokens per
   rank per step): the same rows as all-to-all in two fused kernels, no host read. The
@@ -108,11 +108,12 @@ def _remote_rows(tokens: int, w: Widths) -> float:
 
 
 def all_to_all_ep(tokens: int, w: Widths) -> Exchange:
-    counts = (RANKS - 1) * w.experts * 8   # its int64 count per expert, to every other rank
+    # its int64 row count per expert, each to the rank owning the expert (all-to-all)
+    counts = w.experts * 8 * (RANKS - 1) / RANKS
     rows = _remote_rows(tokens, w)
     sent = (counts + 2 * rows * w.hidden * BF16
             + ring_gather(tokens * w.hidden * BF16, TP))
-    return Exchange("DP2xTP8+EP16 all-to-all", False, 4, sent, 2, DP)
+    return Exchange("DP2xTP8+EP16 all-to-all", True, 4, sent, 1, DP)
 
 
 def mc2_ep(tokens: int, w: Widths, *, int8_dispatch: bool) -> Exchange:

@@ -39,10 +39,10 @@ def test_the_all_gather_exchange_counts_its_four_calls():
 
 def test_all_to_all_sends_each_remote_row_twice_and_mc2_can_send_it_in_int8():
     # one token per rank (8 / TP8), 2 rows, each remote with probability 15/16: 1.875 rows of
-    # 4 x 2 bytes each way; the counts: 2 int64 to each of 15 ranks = 240 bytes;
-    # TP8 all-gather of 8 x 4 x 2 = 64: 56
-    assert bench.all_to_all_ep(8, SMALL).bytes_sent == pytest.approx(240 + 2 * 15 + 56)
-    assert bench.all_to_all_ep(8, SMALL).host_reads == 2
+    # 4 x 2 bytes each way; the counts: 2 int64, each to its expert's rank, remote with
+    # probability 15/16 = 15 bytes; TP8 all-gather of 8 x 4 x 2 = 64: 56
+    assert bench.all_to_all_ep(8, SMALL).bytes_sent == pytest.approx(15 + 2 * 15 + 56)
+    assert bench.all_to_all_ep(8, SMALL).host_reads == 1
     # MC2 with int8 dispatch: 1.875 x (4 + 4 scale bytes) out, 1.875 x 8 back
     assert bench.mc2_ep(8, SMALL, int8_dispatch=True).bytes_sent == pytest.approx(
         15 + 15 + 56)

@@ -206,8 +206,9 @@ def _ep_dispatchers() -> dict:
         out[family] = (f"MC2 (npu_moe_distribute_dispatch_v2 / combine_v2) for float experts "
                        f"in bf16/fp16 at {ep}, {hidden}, <= "
                        f"{b.max_bs} tokens per rank per step; else all-gather / reduce-scatter")
-    out["setting"] = ("ascend_ext.moe_dispatch: auto | allgather | mc2; all-to-all not built "
-                      "(its split sizes are host reads)")
+    out["setting"] = ("ascend_ext.moe_dispatch: auto | allgather | mc2 | alltoall; alltoall "
+                      "(any SoC) is opt-in: its split sizes are one host read per MoE layer "
+                      "and step")
     return out
 
 
