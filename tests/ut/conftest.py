@@ -23,3 +23,21 @@ def contract(monkeypatch):
 
     use()
     return use
+
+
+def spawn_ranks(worker, world: int, store: str, timeout: float = 180) -> dict:
+    """Run ``worker(rank, world, store, queue)`` in ``world`` spawned processes (a gloo
+    group over the file rendezvous ``store``); each puts ``(rank, result)`` on the queue.
+    Returns ``{rank: result}`` once every process has exited 0."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, world, store, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = dict(queue.get(timeout=timeout) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return got

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from vllm.model_executor.layers.fused_moe.expert_map_manager import determine_expert_map
 
+from tests.ut.conftest import spawn_ranks
 from vllm_ascend_ext.moe.alltoall import AllToAllRefused, alltoall_plan, declined, placement
 from vllm_ascend_ext.moe.mc2 import Mc2Facts
 
@@ -124,15 +124,7 @@ def _worker(rank: int, world: int, store: str, queue) -> None:
 def ranks(request, tmp_path_factory):
     world = request.param
     store = str(tmp_path_factory.mktemp(f"a2a_{world}") / "store")
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, store, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got = dict(queue.get(timeout=180) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    got = spawn_ranks(_worker, world, store)
     return world, got
 
 

@@ -12,8 +12,8 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.ut.conftest import spawn_ranks
 from vllm_ascend_ext.moe.mc2 import Mc2Facts, Mc2Refused, declined, mc2_plan
 from vllm_ascend_ext.ops import moe_distribute_bounds as bounds
 
@@ -112,15 +112,7 @@ def _worker(rank: int, world: int, store: str, queue) -> None:
 def ranks(request, tmp_path_factory):
     world = request.param
     store = str(tmp_path_factory.mktemp(f"mc2_{world}") / "store")
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, store, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got = dict(queue.get(timeout=180) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    got = spawn_ranks(_worker, world, store)
     return world, got
 
 
