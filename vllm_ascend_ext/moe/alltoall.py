@@ -110,7 +110,7 @@ class AllToAllPlan:
     rank: int
     sizes: tuple[int, ...]            # experts per rank
     order: torch.Tensor | None        # [E] int32 rank-major renumbering, None: identity
-    slots: torch.Tensor               # [W * L] int64: the local expert of each received count
+    slots: torch.Tensor               # [W * L] int32: the local expert of each received count
     last: torch.Tensor                # [W] int64: each rank's last rank-major expert id
     comm: object                      # .all_to_all_v(rows, out_splits, in_splits)
 
@@ -145,7 +145,7 @@ def alltoall_plan(f: Mc2Facts, maps: Callable[[], list[torch.Tensor]],
         raise AllToAllRefused(f"all-to-all dispatch: {len(where.sizes)} expert maps for "
                               f"{f.ep_world_size} EP ranks")
     local = where.sizes[f.ep_rank]
-    slots = torch.arange(local).repeat(f.ep_world_size)
+    slots = torch.arange(local, dtype=torch.int32).repeat(f.ep_world_size)
     last = torch.tensor(where.sizes).cumsum(0) - 1
     return AllToAllPlan(f.ep_rank, where.sizes, where.order, slots, last, comm())
 
@@ -175,7 +175,7 @@ def routed_experts_alltoall(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     total = sum(receive)
     if total:
         slot = torch.repeat_interleave(plan.slots, arriving, output_size=total)
-        done = local_experts(arrived, slot.to(torch.int32)[:, None])
+        done = local_experts(arrived, slot[:, None])
     else:
         done = arrived.new_empty((0, x.shape[1]), dtype=x.dtype)
     back = plan.comm.all_to_all_v(done, send, receive)
