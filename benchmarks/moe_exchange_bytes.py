@@ -26,10 +26,11 @@ No timing. Layouts (one Atlas 800 pair, 16 NPUs):
   all-to-all) and the split sizes are read to the host once; the rows come back the same
   way, and an all-gather over TP8 restores the engine's tokens.
 - **MC2** (``npu_moe_distribute_dispatch_v2`` / ``combine_v2``, ``moe/mc2.py``; built for
-  float experts on A3, taken where the documented bounds hold, e.g. at most 512 tokens per
-  rank per step): the same rows as all-to-all in two fused kernels, no host read. The
-  int8 dispatch (W8A8 experts, the dispatch's ``quant_mode=2``: rows int8 with a float32
-  scale per row) is a projection: the W8A8 methods keep the all-gather exchange.
+  float and W8A8 experts on A3, taken where the documented bounds hold, for steps of at
+  most 512 tokens per rank): the same rows as all-to-all in two fused kernels, no host
+  read. W8A8 experts receive the rows in the activations' dtype (the row counted here);
+  the int8 dispatch (the dispatch's ``quant_mode=2``: rows int8 with a float32 scale per
+  row) is a projection, not built.
 
 Routing is taken as uniform (each of a token's k rows on any rank with probability 1/16);
 real routing moves the all-to-all figures, not the all-gather ones. The 16 ranks serve one

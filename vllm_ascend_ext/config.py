@@ -50,9 +50,11 @@ class AscendExtConfig:
     # RMSNorm / RoPE / SiluAndMul: torch_npu's fused operators, or vLLM's native PyTorch.
     layer_ops: str = "fused"
     # Expert-parallel token exchange under DP: "auto" takes MC2 where its documented
-    # bounds hold (moe/mc2.py), "allgather" always vLLM's all-gather / reduce-scatter,
-    # "mc2" refuses at model load where MC2 cannot run; "alltoall" (opt-in: one host read
-    # per MoE layer per step) sends each row only to its expert's rank (moe/alltoall.py).
+    # bounds hold (moe/mc2.py), for the steps within its tokens per rank, and the
+    # all-gather / reduce-scatter otherwise; "allgather" always the all-gather; "mc2"
+    # refuses at model load where MC2 cannot run; "alltoall" (opt-in: one host read per MoE
+    # layer per step) sends each row only to its expert's rank (moe/alltoall.py) in the
+    # steps MC2 does not take (moe/step_route.py).
     moe_dispatch: str = "auto"
 
 
@@ -66,7 +68,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, tuple[str, ...] | None, str]]] = {
         "layer_ops": (str, LAYER_OPS_CHOICES,
                       "RMSNorm, RoPE, SiluAndMul: fused torch_npu ops, or vLLM's native"),
         "moe_dispatch": (str, MOE_DISPATCH_CHOICES,
-                         "expert-parallel token exchange under DP (auto: MC2 where documented; alltoall: opt-in, one host read per MoE layer and step)"),
+                         "expert-parallel token exchange under DP (auto: MC2 for decode-sized steps where documented, else all-gather; alltoall: opt-in, one host read per MoE layer and step, for the steps MC2 does not take)"),
     },
     "sfa": {
         "preprocess": (str, SFA_PREPROCESS_CHOICES, "SFA preprocessing route"),

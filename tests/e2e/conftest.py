@@ -101,6 +101,31 @@ NPU_ENGINE_PATH = {"worker": "EmulatedNPUWorker", "runner": "EmulatedNPUModelRun
                    "runtime": "cpu-npu-stand-in"}
 
 
+def greedy_departures(ref: dict, got: dict, bound: float) -> list[str]:
+    """Where ``got``'s greedy continuations depart from ``ref``'s beyond rounding noise
+    (empty: none), in the spirit of vLLM's ``check_logprobs_close``. Up to a prompt's first
+    differing token the chosen tokens' logprobs agree within ``bound``; at that token the
+    two runs face a near tie: each run's token is among the other's top logprobs and, in
+    ``ref``, within ``2 * bound`` of the token ``ref`` chose (each logprob may move by
+    ``bound``). The prompt's comparison ends
+    there (the continuations condition on different tokens). ``ref``/``got``: run_dp.py
+    results (``tokens``, ``logprobs``, ``top``)."""
+    out = []
+    for i, (ref_tokens, got_tokens) in enumerate(zip(ref["tokens"], got["tokens"], strict=True)):
+        for j, (a, b) in enumerate(zip(ref_tokens, got_tokens)):
+            la, lb = ref["logprobs"][i][j], got["logprobs"][i][j]
+            if a == b:
+                if abs(la - lb) > bound:
+                    out.append(f"prompt {i} token {j}: logprobs {la:.4f} vs {lb:.4f}")
+                continue
+            theirs, ours = ref["top"][i][j], got["top"][i][j]
+            if str(a) not in ours or str(b) not in theirs or theirs[str(b)] < la - 2 * bound:
+                out.append(f"prompt {i} token {j}: {a} vs {b}, not a near tie "
+                           f"(ref top {theirs}, got top {ours})")
+            break
+    return out
+
+
 def assert_npu_engine_path(result: dict, env: dict) -> None:
     """Asserted, not assumed: an emulated run reports the NPU engine path it ran."""
     if "engine" not in result and "platform" in result and "tokens" not in result:

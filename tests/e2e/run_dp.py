@@ -7,6 +7,7 @@ engine each, meeting in the MoE layers), and print one JSON line of results.
                                [--max-num-batched-tokens T]
                                [--moe-dispatch auto|allgather|mc2|alltoall]
                                [--mc2-rotate-experts] [--a2a-roll-placement] [--mtp K]
+                               [--long-prompt N]
 
 The prompts are split unevenly (rank 0 takes most of them, and rank 1's finish early), so
 the idle rank runs vLLM's dummy batches while the other still decodes. ``--dp 1`` runs
@@ -20,6 +21,8 @@ applies them there. ``--ep`` turns on expert parallelism (``enable_expert_parall
 ``--a2a-roll-placement`` (the all-to-all dispatcher's) plans every rank's exchange with the
 expert maps rolled by one rank, so rows reach a rank holding other experts. With
 ``--moe-dispatch alltoall`` each worker counts the dispatcher's host reads.
+``--long-prompt N`` adds a prompt of ``N`` token ids (rank 0's, in one step with a large
+enough ``--max-num-batched-tokens``): a prefill-sized step beside the decode-sized ones.
 ``--mtp K``: MTP speculation with K drafts (the checkpoint's MTP layer, whose MoE layer
 meets the other ranks' in every draft step, dummy ones included); ``--oracle FILE RATE``:
 the e2e harness's draft oracle (``spec_harness.py``) in every worker, FILE a ``--dp 1``
@@ -84,9 +87,9 @@ if os.environ.get(ROTATE) == "1":          # in the worker processes, imported b
     if not hasattr(_mc2_method.routed_experts_mc2, "rotated"):
         _mc2_of = _mc2_method.routed_experts_mc2
 
-        def _rotated(x, weights, ids, w13, w2, plan):
+        def _rotated(x, weights, ids, ffn, plan):
             """Every pair dispatched to the expert L ids on (the next rank's)."""
-            return _mc2_of(x, weights, (ids + plan.local) % plan.experts, w13, w2, plan)
+            return _mc2_of(x, weights, (ids + plan.local) % plan.experts, ffn, plan)
 
         _rotated.rotated = True
         _mc2_method.routed_experts_mc2 = _rotated
@@ -145,12 +148,23 @@ class WorkerExtension:
 
 from dp_prompts import MAX_TOKENS, PROMPTS  # noqa: E402  (after the environment above)
 
+LONG_MAX_TOKENS = 4
+TOP_LOGPROBS = 5      # each position's most likely tokens ("top"), for noise-aware comparisons
 
-def _shares(dp: int) -> list[list[int]]:
+
+def _prompts(long: int) -> tuple[list, list[int]]:
+    """The prompts and their token budgets; ``long``: one more of that many token ids."""
+    if not long:
+        return list(PROMPTS), list(MAX_TOKENS)
+    ids = [11 + (7 * i) % 997 for i in range(long)]
+    return [*PROMPTS, {"prompt_token_ids": ids}], [*MAX_TOKENS, LONG_MAX_TOKENS]
+
+
+def _shares(dp: int, n: int = len(PROMPTS)) -> list[list[int]]:
     if dp == 1:
-        return [list(range(len(PROMPTS)))]
-    return [[0, 1, 2], [3]] if dp == 2 else [list(range(r, len(PROMPTS), dp))
-                                             for r in range(dp)]
+        return [list(range(n))]
+    extra = list(range(len(PROMPTS), n))        # the long prompt: rank 0's
+    return [[0, 1, 2, *extra], [3]] if dp == 2 else [list(range(r, n, dp)) for r in range(dp)]
 
 
 def worker_options(args: dict) -> dict:
@@ -185,20 +199,23 @@ def _rank(rank: int, dp: int, port: int, args: dict, queue) -> None:
 
     from vllm_ascend_ext.cli.plugin_commands import _tiny_paths
 
+    prompts, max_tokens = _prompts(args.get("long_prompt") or 0)
     llm = LLM(model=_tiny_paths()[args["model"]](), dtype=args["dtype"], seed=0,
-              max_model_len=512, enforce_eager=not args.get("graphs"),
+              max_model_len=max(512, (args.get("long_prompt") or 0) + 64), enforce_eager=not args.get("graphs"),
               tensor_parallel_size=args["tp"], **extra)
     if args.get("oracle"):
         llm.collective_rpc("install_oracle", args=(args["oracle"][0], float(args["oracle"][1])))
-    mine = _shares(dp)[rank]
-    params = [SamplingParams(max_tokens=MAX_TOKENS[i], temperature=0.0, logprobs=1,
+    mine = _shares(dp, len(prompts))[rank]
+    params = [SamplingParams(max_tokens=max_tokens[i], temperature=0.0, logprobs=TOP_LOGPROBS,
                              ignore_eos=True) for i in mine]
-    outs = llm.generate([PROMPTS[i] for i in mine], params, use_tqdm=False)
+    outs = llm.generate([prompts[i] for i in mine], params, use_tqdm=False)
     workers = llm.collective_rpc(_facts)        # one per TP rank of this engine
     queue.put((rank, workers, {i: [o.outputs[0].token_ids,
                                   [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids,
                                                                    o.outputs[0].logprobs)],
-                                  o.prompt_token_ids]
+                                  o.prompt_token_ids,
+                                  [{str(t): p.logprob for t, p in lp.items()}
+                                   for lp in o.outputs[0].logprobs]]
                               for i, o in zip(mine, outs)}))
 
 
@@ -271,6 +288,7 @@ def main() -> None:
     ap.add_argument("--mc2-rotate-experts", action="store_true")
     ap.add_argument("--a2a-roll-placement", action="store_true")
     ap.add_argument("--mtp", type=int, default=0)
+    ap.add_argument("--long-prompt", type=int, default=0, help="one more prompt of N tokens")
     ap.add_argument("--graphs", action="store_true", help="no --enforce-eager")
     ap.add_argument("--oracle", nargs=2, metavar=("PLAIN_RESULT", "RATE"))
     args = vars(ap.parse_args())
@@ -296,7 +314,8 @@ def main() -> None:
         "ranks": [worker for _, workers, _ in ranks for worker in workers],
         "prompt_token_ids": [outputs[i][2] for i in order],
         "tokens": [outputs[i][0] for i in order],
-        "logprobs": [outputs[i][1] for i in order]}), flush=True)
+        "logprobs": [outputs[i][1] for i in order],
+        "top": [outputs[i][3] for i in order]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -72,10 +72,11 @@ def test_bad_plugin_config_fails_before_the_engine_starts():
     assert "kv_cache_dtype not supported" in fp8["message"]
     assert dp_moe == {"ok": True}, dp_moe         # MoE tokens cross the DP ranks' communicator
     assert dp_dense == {"ok": True}, dp_dense
-    # MC2 forced on an A2 node with 2 EP ranks, fp32 and a 2048-token budget: refused, naming each
+    # MC2 forced on an A2 node with 2 EP ranks and fp32: refused, naming each (the 2048-token
+    # budget is not a reason: larger steps than MC2's 256 per rank take the all-gather)
     assert mc2["type"] == "Mc2Refused", mc2
     for why in ("moe_dispatch is 'mc2' but MC2 cannot run here", "float32",
-                "ep_world_size 2 not in (16, 32, 64) on A2", "tokens per rank not in (0, 256] on A2"):
+                "ep_world_size 2 not in (16, 32, 64) on A2"):
         assert why in mc2["message"], (why, mc2)
     assert mc2_auto == {"ok": True}, mc2_auto     # auto: vLLM's all-gather exchange
     assert soc["type"] == "AscendExtError", soc

@@ -4,13 +4,17 @@ pretending an Atlas A3, their MoE layers exchanging tokens through
 collectives, as HCCL carries them on the NPU) instead of vLLM's all-gather. The tiny Qwen
 MoE at hidden size 1024 (``qwen-moe-wide``: the operators document H >= 1024 on A3), bf16
 (the operators take bf16/fp16 only), a step budget within the documented 512 tokens per
-rank. One engine serving every prompt is the reference."""
+rank. One engine serving every prompt is the reference.
+
+With a step budget above those 512 tokens the plan is step-sized: a 600-token prompt
+makes a prefill-sized step, which takes the all-gather (or all-to-all, where asked), and
+the decode steps take MC2."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import run_script
+from tests.e2e.conftest import greedy_departures, run_script
 
 pytestmark = pytest.mark.e2e
 
@@ -50,10 +54,55 @@ def test_dp2_ep2_through_mc2_equals_one_engine_with_no_contract_violation(one_en
     assert _max_lp_diff(one_engine, two) < 5e-2
 
 
-def test_negative_control_pairs_dispatched_to_the_wrong_experts_change_the_tokens(one_engine):
-    """The same MC2 run with every (token, k) pair sent to the expert L ids on (the other
-    rank's expert in the same slot): the tokens change."""
-    broken = run_script("run_dp.py", "--dp", "2", "--ep", "--mc2-rotate-experts", *ARGS,
+LONG = ("--model", "qwen-moe-wide", "--dtype", "bfloat16", "--max-num-batched-tokens", "1024",
+        "--long-prompt", "600")
+
+
+@pytest.fixture(scope="module")
+def one_engine_long():
+    return run_script("run_dp.py", "--dp", "1", *LONG, emulate=True, **A3)
+
+
+def test_negative_control_pairs_dispatched_to_the_wrong_experts_change_the_tokens(
+        one_engine_long):
+    """The step-sized run with every (token, k) pair of the MC2 steps sent to the expert L
+    ids on (the other rank's expert in the same slot): the tokens change, beyond what the
+    noise-aware comparison of the step-sized test lets through."""
+    broken = run_script("run_dp.py", "--dp", "2", "--ep", "--mc2-rotate-experts", *LONG,
                         emulate=True, **A3)
     assert [r["mc2_layers"] for r in broken["ranks"]] == [2, 2]
-    assert broken["tokens"] != one_engine["tokens"]
+    assert broken["tokens"] != one_engine_long["tokens"]
+    assert greedy_departures(one_engine_long, broken, 6e-2) != []
+
+
+@pytest.mark.parametrize("dispatch", ["auto", "alltoall"])
+def test_a_step_sized_plan_takes_mc2_for_decode_and_another_exchange_for_prefill(
+        one_engine_long, dispatch):
+    """A 1024-token budget, above MC2's 512 tokens per rank on A3: each layer plans MC2
+    for decode-sized steps, and the steps with more tokens on some rank (the start-up
+    profile run, the step holding the 600-token prompt) take the all-gather the layer runs
+    itself (``auto``) or the all-to-all (``alltoall``, one host read per layer and such
+    step). Contract mode on both ranks: no violation; both routes called on both ranks,
+    the same number of times on each (collectives). The result departs from one engine
+    only within bf16 noise: logprobs within 6e-2 up to a near tie, where the runs may pick
+    either token (vLLM's check_logprobs_close; the exchange's roundings differ: the
+    all-gather route rounds each rank's partial sum to bf16 before the reduce-scatter adds
+    them, measured up to 6e-2 with vLLM's own all-gather in the same run)."""
+    two = run_script("run_dp.py", "--dp", "2", "--ep", *LONG, "--moe-dispatch", dispatch,
+                     emulate=True, ASCEND_EXT_NPU_CONTRACT="1", **A3)
+    assert [r["mc2_layers"] for r in two["ranks"]] == [2, 2]
+    calls = [{op: n for op, n in r["contract"]["calls"].items() if op.startswith("npu_moe")}
+             for r in two["ranks"]]
+    for rank in two["ranks"]:
+        assert rank["contract"]["violations"] == 0, rank["contract"]["summary"]
+    assert calls[0] == calls[1]        # every MoE layer's collectives met on both ranks
+    mc2 = calls[0]["npu_moe_distribute_dispatch_v2"]
+    large = calls[0]["npu_moe_init_routing_v2"]
+    assert mc2 > 0 and mc2 == calls[0]["npu_moe_distribute_combine_v2"]
+    # the large steps' local route: one init-routing per layer (all-gather), two (all-to-all)
+    per_layer = 1 if dispatch == "auto" else 2
+    assert large > 0 and large % (2 * per_layer) == 0, calls[0]
+    reads = [r["a2a_host_reads"] for r in two["ranks"]]
+    assert reads == ([None, None] if dispatch == "auto" else [large // 2] * 2)
+    assert calls[0]["npu_moe_gating_top_k_softmax"] == mc2 + large // per_layer
+    assert greedy_departures(one_engine_long, two, 6e-2) == []

@@ -45,7 +45,7 @@ def _weights():
 
 
 def _facts(world: int, rank: int, **kw) -> Mc2Facts:
-    base = dict(setting="alltoall", family="A2", exchange=True, linear=True, quantized=False,
+    base = dict(setting="alltoall", family="A2", exchange=True, linear=True,
                 dtype=torch.float32, hidden=H, top_k=K, experts=E, ep_world_size=world,
                 ep_rank=rank, capacity=8)
     return Mc2Facts(**{**base, **kw})
@@ -230,7 +230,7 @@ def test_the_gate_takes_all_to_all_only_when_asked_and_says_why_not():
         with pytest.raises(AllToAllRefused, match=f"'alltoall' but all-to-all cannot run here: "
                                                   f".*{needle}"):
             alltoall_plan(_facts(2, 0, **kw), never, never)
-    plan = alltoall_plan(_facts(3, 1, quantized=True, dtype=torch.bfloat16),
+    plan = alltoall_plan(_facts(3, 1, dtype=torch.bfloat16),
                          lambda: _maps(3, "linear"), lambda: "comm")
     assert (plan.world, plan.local, plan.sizes, plan.comm) == (3, 2, (3, 2, 2), "comm")
     assert plan.slots.tolist() == [0, 1] * 3 and plan.last.tolist() == [2, 4, 6]

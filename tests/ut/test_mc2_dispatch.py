@@ -1,12 +1,14 @@
 """MC2 (``npu_moe_distribute_dispatch_v2`` / ``combine_v2``) over real gloo groups of 2 and 3
 ranks, the emulation's stand-in for HCCL: what each rank receives against the rows computed
 here from every rank's known inputs, the dispatch -> experts -> combine round trip and the
-plugin's MC2 dispatcher (``moe/mc2.py``) against explicit float64 loops over every expert;
-contract mode on the calls (A3: none; A2, whose documentation lists other EP sizes: a
-violation); and the gate's decisions (pure)."""
+plugin's MC2 dispatcher (``moe/mc2.py``) against explicit float64 loops over every expert,
+and with W8A8 experts against the layer on one rank; contract mode on the calls (A3: none;
+A2, whose documentation lists other EP sizes: a violation); the gate's decisions and the
+per-step choice of a step-sized plan (pure)."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -15,6 +17,7 @@ import torch.distributed as dist
 
 from tests.ut.conftest import spawn_ranks
 from vllm_ascend_ext.moe.mc2 import Mc2Facts, Mc2Refused, declined, mc2_plan
+from vllm_ascend_ext.moe.step_route import ALLGATHER, ALLTOALL, LOCAL, MC2, step_route
 from vllm_ascend_ext.ops import moe_distribute_bounds as bounds
 
 H, K, E, FFN = 16, 2, 6, 8
@@ -36,6 +39,15 @@ def _weights():
             torch.randn(E, FFN, H, generator=g) / FFN ** 0.5)
 
 
+def _int8_weights():
+    """W8A8 experts: int8 ``w13``/``w2`` with per-output-channel scales."""
+    g = torch.Generator().manual_seed(8)
+    return (torch.randint(-127, 128, (E, H, 2 * FFN), generator=g, dtype=torch.int8),
+            torch.rand(E, 2 * FFN, generator=g) / 50,
+            torch.randint(-127, 128, (E, FFN, H), generator=g, dtype=torch.int8),
+            torch.rand(E, H, generator=g) / 50)
+
+
 def _expert_fn(e: int, rows: torch.Tensor) -> torch.Tensor:
     return rows * (e + 1) + 0.5 * e
 
@@ -47,6 +59,7 @@ def _worker(rank: int, world: int, store: str, queue) -> None:
     from vllm_ascend_ext.moe.expert_shard import expert_shard
     from vllm_ascend_ext.moe.mc2 import Mc2Plan, routed_experts_mc2
     from vllm_ascend_ext.ops.counting import OpCounter
+    from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, npu_format_cast
     from vllm_ascend_ext.ops.moe_distribute import (
         npu_moe_distribute_combine_v2,
         npu_moe_distribute_dispatch_v2,
@@ -79,10 +92,27 @@ def _worker(rank: int, world: int, store: str, queue) -> None:
     w13, w2 = _weights()
     plan = Mc2Plan("ep", world, rank, E, max(BS[:world]) * world)
     mine = slice(rank * local, (rank + 1) * local)
+    ffn = functools.partial(experts.grouped_ffn, w13=w13[mine].contiguous(),
+                            w2=w2[mine].contiguous())
     with OpCounter() as c:
-        out["layer"] = routed_experts_mc2(x, scales, ids, w13[mine].contiguous(),
-                                          w2[mine].contiguous(), plan)
+        out["layer"] = routed_experts_mc2(x, scales, ids, ffn, plan)
     out["mc2_calls"] = dict(c.total())
+    # W8A8 experts through MC2 (fused and unfused), against the layer's own route on one
+    # rank holding every expert (the same per-row quantization of the same rows)
+    q13, s13, q2, s2 = _int8_weights()
+    for fused in (False, True):
+        ours = [q13[mine].contiguous(), s13[mine], q2[mine].contiguous(), s2[mine]]
+        every = [q13, s13, q2, s2]
+        if fused:
+            ours[0], every[0] = (npu_format_cast(w, ACL_FORMAT_FRACTAL_NZ)
+                                 for w in (ours[0], every[0]))
+        grouped = experts.grouped_ffn_w8a8_fused if fused else experts.grouped_ffn_w8a8
+        one = experts.routed_experts_w8a8_fused if fused else experts.routed_experts_w8a8
+        with OpCounter() as c:
+            out[f"w8a8_{fused}"] = routed_experts_mc2(
+                x, scales, ids, lambda rows, ends, g=grouped, w=ours: g(rows, ends, *w), plan)
+        out[f"w8a8_calls_{fused}"] = dict(c.total())
+        out[f"w8a8_one_{fused}"] = one(x, scales, ids, *every)
     emap = torch.full((E,), -1, dtype=torch.int32)
     emap[mine] = torch.arange(local, dtype=torch.int32)
     shard = expert_shard("layer", emap, E, local)      # built at load time, not per step
@@ -172,6 +202,28 @@ def test_the_mc2_dispatcher_equals_every_expert_computed_in_one_place(ranks):
 
 
 @pytest.mark.xdist_group("mc2")
+def test_w8a8_experts_through_mc2_equal_the_layer_on_one_rank(ranks):
+    """The rows arrive in the activations' dtype and each rank's int8 experts quantize them
+    per row, as the layer does on one rank holding every expert: the same values (up to
+    the order of the k-sum), fused (NZ ``w13``, ``npu_grouped_matmul_swiglu_quant``) and
+    unfused (``npu_dynamic_quant`` before each grouped matmul)."""
+    world, got = ranks
+    for rank in range(world):
+        for fused in (False, True):
+            ours = torch.tensor(got[rank][f"w8a8_{fused}"])
+            one = torch.tensor(got[rank][f"w8a8_one_{fused}"])
+            assert one.abs().max() > 0.1                # not a vacuous comparison
+            assert torch.allclose(ours, one, atol=1e-5, rtol=1e-5), (rank, fused)
+        assert got[rank]["w8a8_calls_False"] == {
+            "npu_moe_distribute_dispatch_v2": 1, "npu_dynamic_quant": 2,
+            "npu_grouped_matmul": 2, "npu_swiglu": 1, "npu_moe_distribute_combine_v2": 1}
+        assert got[rank]["w8a8_calls_True"] == {
+            "npu_moe_distribute_dispatch_v2": 1, "npu_dynamic_quant": 1,
+            "npu_grouped_matmul_swiglu_quant": 1, "npu_grouped_matmul": 1,
+            "npu_moe_distribute_combine_v2": 1}
+
+
+@pytest.mark.xdist_group("mc2")
 def test_the_mc2_route_is_five_device_calls_per_layer_after_routing(ranks):
     """Dispatch, grouped matmul, SwiGLU, grouped matmul, combine: nothing else on the device
     (no permutation, no row clearing), against the all-gather route's 11 for the same
@@ -196,7 +248,7 @@ def test_contract_mode_takes_documented_calls_and_names_a2s_ep_sizes(ranks):
 
 # -- the gate (pure) ---------------------------------------------------------------------
 def _facts(**kw) -> Mc2Facts:
-    base = dict(setting="auto", family="A3", exchange=True, linear=True, quantized=False,
+    base = dict(setting="auto", family="A3", exchange=True, linear=True,
                 dtype=torch.bfloat16, hidden=7168, top_k=8, experts=256, ep_world_size=16,
                 ep_rank=3, capacity=256)
     return Mc2Facts(**{**base, **kw})
@@ -205,12 +257,11 @@ def _facts(**kw) -> Mc2Facts:
 def test_the_gate_takes_mc2_for_deepseek_widths_on_a3_and_says_why_not_elsewhere():
     assert declined(_facts()) == []
     plan = mc2_plan(_facts(), lambda: "hccl-ep")
-    assert (plan.group, plan.world, plan.rank, plan.local, plan.global_bs) == (
-        "hccl-ep", 16, 3, 16, 256 * 16)
+    assert (plan.group, plan.world, plan.rank, plan.local, plan.global_bs, plan.every_step) == (
+        "hccl-ep", 16, 3, 16, 256 * 16, True)
     cases = {
         "setting": ("allgather", "'allgather'"), "exchange": (False, "no expert-parallel"),
-        "quantized": (True, "W8A8"), "linear": (False, "linearly"),
-        "dtype": (torch.float32, "float32"), "capacity": (513, "513 tokens per rank"),
+        "linear": (False, "linearly"), "dtype": (torch.float32, "float32"),
         "hidden": (512, "hidden size 512 not in [1024, 7168]"),
         "family": ("A5", "A2/A3 only"), "top_k": (17, "top-k 17"),
         "replicated": (True, "TP ranks hold the same tokens"),
@@ -227,8 +278,34 @@ def test_a2_takes_mc2_only_at_its_documented_ep_sizes():
     assert any("not in (16, 32, 64)" in w for w in declined(_facts(**{**a2, "ep_world_size": 8})))
     assert any("32 experts per rank > 24" in w
                for w in declined(_facts(**{**a2, "ep_world_size": 16, "experts": 512})))
-    assert any("(0, 256]" in w for w in declined(_facts(**{**a2, "capacity": 257})))
     assert any("multiple of 32" in w for w in declined(_facts(**{**a2, "hidden": 1000})))
+
+
+def test_a_step_budget_beyond_the_documented_tokens_gives_a_step_sized_plan():
+    """Buffers for the SoC's documented tokens per rank (A3 512, A2 256), not the budget;
+    ``every_step`` only when the budget fits them. W8A8 experts take MC2 too."""
+    for family, bound, ep in (("A3", 512, 16), ("A2", 256, 16)):
+        for capacity in (bound, bound + 1, 8192):
+            plan = mc2_plan(_facts(family=family, capacity=capacity, ep_world_size=ep),
+                            lambda: "g")
+            assert (plan.tokens, plan.global_bs) == (min(capacity, bound), min(capacity, bound) * ep)
+            assert plan.every_step == (capacity <= bound)
+    assert mc2_plan(_facts(capacity=100), lambda: "g").tokens == 100
+
+
+def test_each_step_takes_mc2_up_to_the_plans_tokens_then_all_to_all_or_all_gather():
+    """The per-step choice (pure): a step-sized plan asks for the step's most tokens per
+    rank; a plan for every step, or no MC2 plan, never asks."""
+    sized = mc2_plan(_facts(capacity=4096), lambda: "g")
+    whole = mc2_plan(_facts(capacity=256), lambda: "g")
+    never = lambda: pytest.fail("asked for the step's tokens")     # noqa: E731
+    assert step_route(whole, False, never) == step_route(whole, True, never) == MC2
+    assert step_route(None, True, never) == ALLTOALL
+    assert step_route(None, False, never) == LOCAL
+    for tokens, alltoall, want in ((1, False, MC2), (512, False, MC2), (513, False, ALLGATHER),
+                                   (4096, False, ALLGATHER), (512, True, MC2),
+                                   (513, True, ALLTOALL)):
+        assert step_route(sized, alltoall, lambda t=tokens: t) == want, (tokens, alltoall)
 
 
 def test_moe_dispatch_mc2_refuses_naming_every_reason():

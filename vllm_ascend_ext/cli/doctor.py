@@ -203,9 +203,10 @@ def _ep_dispatchers() -> dict:
               else f"EP {b.ep_range[0]}-{b.ep_range[1]}")
         hidden = (f"hidden {b.hidden[0]}-{b.hidden[1]}" if b.hidden[0]
                   else f"hidden up to {b.hidden[1]} (a multiple of {b.hidden_multiple})")
-        out[family] = (f"MC2 (npu_moe_distribute_dispatch_v2 / combine_v2) for float experts "
-                       f"in bf16/fp16 at {ep}, {hidden}, <= "
-                       f"{b.max_bs} tokens per rank per step; else all-gather / reduce-scatter")
+        out[family] = (f"MC2 (npu_moe_distribute_dispatch_v2 / combine_v2) for float and W8A8 "
+                       f"experts in bf16/fp16 at {ep}, {hidden}, for steps of up to "
+                       f"{b.max_bs} tokens per rank; larger steps and other sizes: all-gather / "
+                       "reduce-scatter (all-to-all where moe_dispatch asks for it)")
     out["setting"] = ("ascend_ext.moe_dispatch: auto | allgather | mc2 | alltoall; alltoall "
                       "(any SoC) is opt-in: its split sizes are one host read per MoE layer "
                       "and step")

@@ -120,11 +120,12 @@ def _combine(down: torch.Tensor, row_idx: torch.Tensor, groups: torch.Tensor,
 
 
 def _quantized_gmm(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                   counts: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+                   counts: torch.Tensor, out_dtype: torch.dtype,
+                   list_type: int = 1) -> torch.Tensor:
     q, per_token = npu_dynamic_quant(rows)
     return npu_grouped_matmul([q], [weight], scale=[scale], per_token_scale=[per_token],
-                              group_list=counts, split_item=2, group_type=0, group_list_type=1,
-                              output_dtype=DTYPE_ENUM[out_dtype])[0]
+                              group_list=counts, split_item=2, group_type=0,
+                              group_list_type=list_type, output_dtype=DTYPE_ENUM[out_dtype])[0]
 
 
 def routed_experts_w8a8(x: torch.Tensor, weights: torch.Tensor | None, ids: torch.Tensor,
@@ -160,3 +161,40 @@ def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor | None, ids
                                   group_list=groups, split_item=2, group_type=0, group_list_type=1,
                                   output_dtype=DTYPE_ENUM[x.dtype])[0]
         return _combine(down, row_idx, groups, weights, shard)
+
+
+# -- the experts over rows already grouped by expert (the MC2 dispatcher's, ``mc2.py``) ---
+# ``ends``: the running row counts per local expert (expert ``j`` over rows
+# ``[ends[j-1], ends[j])``), as ``npu_moe_distribute_dispatch_v2`` returns them. The rows
+# past ``ends[-1]`` are the dispatch buffer's unfilled tail: computed or not, never read.
+
+def grouped_ffn(rows: torch.Tensor, ends: torch.Tensor, w13: torch.Tensor,
+                w2: torch.Tensor) -> torch.Tensor:
+    """``FFN_j`` (``routed_experts``'s) over each expert's rows, in row order."""
+    with groups_may_end_early():
+        gate_up = npu_grouped_matmul([rows], [w13], group_list=ends, split_item=2,
+                                     group_type=0, group_list_type=0)[0]
+        return npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=ends, split_item=2,
+                                  group_type=0, group_list_type=0)[0]
+
+
+def grouped_ffn_w8a8(rows: torch.Tensor, ends: torch.Tensor, w13: torch.Tensor,
+                     w13_scale: torch.Tensor, w2: torch.Tensor,
+                     w2_scale: torch.Tensor) -> torch.Tensor:
+    """``grouped_ffn`` with int8 experts (``routed_experts_w8a8``'s calls and roundings)."""
+    with groups_may_end_early():
+        gate_up = _quantized_gmm(rows, w13, w13_scale, ends, rows.dtype, list_type=0)
+        return _quantized_gmm(npu_swiglu(gate_up), w2, w2_scale, ends, rows.dtype, list_type=0)
+
+
+def grouped_ffn_w8a8_fused(rows: torch.Tensor, ends: torch.Tensor, w13: torch.Tensor,
+                           w13_scale: torch.Tensor, w2: torch.Tensor,
+                           w2_scale: torch.Tensor) -> torch.Tensor:
+    """``grouped_ffn_w8a8`` with ``routed_experts_w8a8_fused``'s fused first GEMM (``w13``
+    FRACTAL_NZ): the rows quantized per row, then three calls."""
+    with groups_may_end_early():
+        q, row_scale = npu_dynamic_quant(rows)
+        act, act_scale, _ = npu_grouped_matmul_swiglu_quant(q, w13, ends, w13_scale, row_scale)
+        return npu_grouped_matmul([act], [w2], scale=[w2_scale], per_token_scale=[act_scale],
+                                  group_list=ends, split_item=2, group_type=0, group_list_type=0,
+                                  output_dtype=DTYPE_ENUM[rows.dtype])[0]

@@ -5,44 +5,53 @@ reduce-scatter of every rank's partial outputs.
 
 Per MoE layer and step, after routing: the dispatch sends each (token, k) pair's row to
 the rank owning its expert and returns the rows this rank received, grouped by local
-expert, with their running counts; two ``npu_grouped_matmul`` and ``npu_swiglu`` compute
-the local experts over them (the groups end before the buffer's ``A`` rows: the
-departure ``groups_may_end_early`` allows, and the rows past them are never read: the
-combine takes only the rows the dispatch filled); the combine sends the rows back and
-sums each token's ``k`` rows weighted by its routing weights. The output is the token's
-whole routed-expert sum: vLLM's runner then skips its own exchange for this layer
-(``supports_internal_mk``) and adds the shared experts. No host read: the buffers' sizes
-come from ``global_bs``, a constant of the engine.
+expert, with their running counts; the layer's experts run over them (``ffn``: two
+``npu_grouped_matmul`` and ``npu_swiglu``, or their W8A8 forms, ``experts.grouped_ffn*``;
+the groups end before the buffer's ``A`` rows: the departure ``groups_may_end_early``
+allows, and the rows past them are never read: the combine takes only the rows the
+dispatch filled); the combine sends the rows back and sums each token's ``k`` rows
+weighted by its routing weights. The output is the token's whole routed-expert sum:
+vLLM's runner then skips its own exchange for this layer (``supports_internal_mk``) and
+adds the shared experts. No host read: the buffers' sizes come from ``global_bs``, a
+constant of the engine. W8A8 experts receive the rows in the activations' dtype and
+quantize them per row, as on one rank (the dispatch's int8 mode, half the bytes on the
+wire, is not used).
 
 The gate (``mc2_plan``, pure, decided once per layer when its weights are loaded, so every
-rank and step takes the same route; the operators are collectives) takes MC2 when:
+rank takes the same route; the operators are collectives) takes MC2 when:
 ``ascend_ext.moe_dispatch`` is not ``allgather``; vLLM runs an expert-parallel exchange
 for the layer (DP > 1 or sequence-parallel MoE, with ``--enable-expert-parallel``); each
 EP rank holds tokens of its own (TP 1, or the MoE runs sequence-parallel: with TP > 1 and
 replicated tokens vLLM all-reduces the layer's output over TP, which would add every
-rank's complete MC2 result); the
-experts are placed linearly (rank ``r`` holds experts ``[r*L, (r+1)*L)``, the placement
-the operators assume); the activations are bf16/fp16; the experts are unquantized; and
-every documented bound (``ops/moe_distribute_bounds.py``) holds for the layer's sizes
-with every step's token count up to ``capacity`` (the most tokens a rank can bring to a
-MoE layer in one step: ``max_num_batched_tokens``, split over the TP ranks when the MoE
-runs sequence-parallel). ``moe_dispatch: "mc2"`` turns a declined gate into an error at
-model load naming the reasons.
+rank's complete MC2 result); the experts are placed linearly (rank ``r`` holds experts
+``[r*L, (r+1)*L)``, the placement the operators assume); the activations are bf16/fp16;
+and every documented bound (``ops/moe_distribute_bounds.py``) holds for the layer's sizes.
+
+**Step size.** The operators take at most 512 tokens per rank on A3 (256 on A2), fewer
+than a prefill step brings. The plan sizes the buffers for ``min(capacity, that bound)``
+tokens per rank (``capacity``: the most tokens a rank can bring to a MoE layer in one
+step, ``max_num_batched_tokens`` split over the TP ranks when the MoE runs
+sequence-parallel). When ``capacity`` is larger the plan is *step-sized*: each step the
+layer compares the most tokens any EP rank brings to it (vLLM's per-rank sizes of the
+step, host integers every rank holds alike) with the plan's, and a larger step takes the
+other exchange (``moe/step_route.py``): decode-sized steps go through MC2, prefill-sized
+ones through all-gather, or all-to-all where it is asked for. ``moe_dispatch: "mc2"`` turns
+a declined gate into an error at model load naming the reasons.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from vllm_ascend_ext.errors import AscendExtError
-from vllm_ascend_ext.ops.grouped_matmul import groups_may_end_early, npu_grouped_matmul, npu_swiglu
 from vllm_ascend_ext.ops.moe_distribute import (
     npu_moe_distribute_combine_v2,
     npu_moe_distribute_dispatch_v2,
 )
-from vllm_ascend_ext.ops.moe_distribute_bounds import outside
+from vllm_ascend_ext.ops.moe_distribute_bounds import max_tokens, outside
 
 HALF = (torch.bfloat16, torch.float16)
 
@@ -59,7 +68,6 @@ class Mc2Facts:
     family: str                # SoC family: A2, A3, A5
     exchange: bool             # vLLM runs an EP token exchange for the layer
     linear: bool               # rank r holds experts [r*L, (r+1)*L)
-    quantized: bool
     dtype: torch.dtype
     hidden: int
     top_k: int
@@ -78,11 +86,17 @@ class Mc2Plan:
     world: int
     rank: int
     experts: int
-    global_bs: int             # capacity * world: every rank's buffers the same size
+    global_bs: int             # tokens * world: every rank's buffers the same size
+    every_step: bool = True    # False: step-sized, larger steps take another exchange
 
     @property
     def local(self) -> int:
         return self.experts // self.world
+
+    @property
+    def tokens(self) -> int:
+        """The most tokens per rank a step may bring to take MC2."""
+        return self.global_bs // self.world
 
 
 def declined(f: Mc2Facts) -> list[str]:
@@ -96,16 +110,21 @@ def declined(f: Mc2Facts) -> list[str]:
     if f.replicated:
         why.append("the TP ranks hold the same tokens (TP > 1 without sequence-parallel MoE): "
                    "each would dispatch them and vLLM's TP all-reduce would add the copies")
-    if f.quantized:
-        why.append("quantized (W8A8) experts: their MC2 route is not built (all-gather)")
     if not f.linear:
         why.append("experts not placed linearly (MC2 assumes rank r holds [r*L, (r+1)*L))")
     if f.dtype not in HALF:
         why.append(f"activations in {str(f.dtype).removeprefix('torch.')}; the operators "
                    "take bfloat16 / float16")
-    why += outside(f.family, hidden=f.hidden, bs=f.capacity, top_k=f.top_k, experts=f.experts,
-                   ep_world_size=f.ep_world_size)
+    why += outside(f.family, hidden=f.hidden, bs=step_tokens(f), top_k=f.top_k,
+                   experts=f.experts, ep_world_size=f.ep_world_size)
     return why
+
+
+def step_tokens(f: Mc2Facts) -> int:
+    """The tokens per rank MC2's buffers are sized for: the layer's ``capacity``, at most
+    the operators' documented bound on the SoC (larger steps take another exchange)."""
+    bound = max_tokens(f.family)
+    return f.capacity if bound is None else min(f.capacity, bound)
 
 
 def mc2_plan(f: Mc2Facts, group_name) -> Mc2Plan | None:
@@ -118,22 +137,22 @@ def mc2_plan(f: Mc2Facts, group_name) -> Mc2Plan | None:
                          + "; ".join(why) + " (use 'auto' or 'allgather')")
     if why:
         return None
+    tokens = step_tokens(f)
     return Mc2Plan(group_name(), f.ep_world_size, f.ep_rank, f.experts,
-                   f.capacity * f.ep_world_size)
+                   tokens * f.ep_world_size, every_step=tokens >= f.capacity)
 
 
 def routed_experts_mc2(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                       w13: torch.Tensor, w2: torch.Tensor, plan: Mc2Plan) -> torch.Tensor:
+                       ffn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                       plan: Mc2Plan) -> torch.Tensor:
     """``sum_k weights[t, k] * FFN_{ids[t, k]}(x[t])`` over every rank's experts, for this
-    rank's tokens ``x [T, H]`` (``w13``/``w2`` hold this rank's ``L`` experts)."""
+    rank's tokens ``x [T, H]`` (at most ``plan.tokens``). ``ffn(rows, ends)`` computes this
+    rank's ``L`` experts over rows grouped by expert, expert ``j`` over rows
+    ``[ends[j-1], ends[j])`` (``experts.grouped_ffn*``)."""
     common = dict(group_ep=plan.group, ep_world_size=plan.world, ep_rank_id=plan.rank,
                   moe_expert_num=plan.experts, global_bs=plan.global_bs)
     rows, _, assist, ends, recv_counts, tp_counts, _ = npu_moe_distribute_dispatch_v2(
         x, ids, expert_token_nums_type=0, quant_mode=0, **common)
-    with groups_may_end_early():
-        gate_up = npu_grouped_matmul([rows], [w13], group_list=ends, split_item=2,
-                                     group_type=0, group_list_type=0)[0]
-        down = npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=ends, split_item=2,
-                                  group_type=0, group_list_type=0)[0]
+    down = ffn(rows, ends)
     return npu_moe_distribute_combine_v2(down, ids, assist, recv_counts, weights.float(),
                                          tp_send_counts=tp_counts, **common)

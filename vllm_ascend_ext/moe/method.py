@@ -36,6 +36,7 @@ from vllm_ascend_ext.moe.alltoall import AllToAllPlan, alltoall_plan, routed_exp
 from vllm_ascend_ext.moe.expert_shard import ExpertShard, expert_shard
 from vllm_ascend_ext.moe.mc2 import Mc2Facts, Mc2Plan, declined, mc2_plan, routed_experts_mc2
 from vllm_ascend_ext.moe.routing import RoutingPlan, UnsupportedMoEError, plan_routing
+from vllm_ascend_ext.moe.step_route import ALLGATHER, ALLTOALL, MC2, step_route
 from vllm_ascend_ext.ops import counting
 
 logger = init_logger("vllm.ascend_ext")
@@ -73,7 +74,7 @@ def layer_routing_plan(layer) -> RoutingPlan:
         custom_routing_function=layer.custom_routing_function)
 
 
-def layer_mc2_facts(layer, shard: ExpertShard, quantized: bool) -> Mc2Facts:
+def layer_mc2_facts(layer, shard: ExpertShard) -> Mc2Facts:
     """What the MC2 gate decides on for a vLLM ``RoutedExperts`` layer (host values)."""
     from vllm.config import get_current_vllm_config
 
@@ -89,7 +90,7 @@ def layer_mc2_facts(layer, shard: ExpertShard, quantized: bool) -> Mc2Facts:
         setting=get_config(vllm_config).moe_dispatch, family=current_family() or "A2",
         exchange=bool(par.use_all2all_kernels),
         linear=shard.is_sharded and shard.start == par.ep_rank * shard.local_experts,
-        quantized=quantized, dtype=moe.in_dtype, hidden=moe.hidden_dim, top_k=layer.top_k,
+        dtype=moe.in_dtype, hidden=moe.hidden_dim, top_k=layer.top_k,
         experts=layer.global_num_experts, ep_world_size=par.ep_size, ep_rank=par.ep_rank,
         capacity=-(-tokens // split),
         replicated=vllm_config.parallel_config.tensor_parallel_size > 1
@@ -122,6 +123,14 @@ def every_expert_map(layer):
     maps = [torch.empty_like(mine) for _ in range(group.world_size)]
     dist.all_gather(maps, mine, group=group.cpu_group)
     return maps
+
+
+def step_tokens() -> int:
+    """The most tokens any EP rank brings to this step's MoE layers: vLLM's per-rank sizes
+    of the step (host integers every rank holds alike, set around the layer's forward)."""
+    from vllm.forward_context import get_forward_context
+
+    return max(get_forward_context().dp_metadata.get_chunk_sizes_across_dp_rank())
 
 
 def layer_expert_shard(layer) -> ExpertShard:
@@ -168,19 +177,24 @@ class MonolithicEntry:
     plan: RoutingPlan | None = None
     shard: ExpertShard | None = None
     mc2: Mc2Plan | None = None       # the MC2 dispatcher's plan (moe/mc2.py)
-    a2a: AllToAllPlan | None = None  # the all-to-all dispatcher's (moe/alltoall.py); both None: all-gather
+    a2a: AllToAllPlan | None = None  # the all-to-all dispatcher's (moe/alltoall.py)
+    sequence_parallel = False        # the MoE runs sequence-parallel (its exchange's argument)
     opaque_entry = False
-    quantized = False
 
     def plan_layer(self, layer) -> None:
         """Routing plan, expert shard and token exchange, made when the weights are
         created (a refusal comes before any weight is read)."""
         self.plan = layer_routing_plan(layer)
         self.shard = layer_expert_shard(layer)
-        facts = layer_mc2_facts(layer, self.shard, self.quantized)
+        self.sequence_parallel = bool(layer.moe_config.is_sequence_parallel)
+        facts = layer_mc2_facts(layer, self.shard)
         self.a2a = alltoall_plan(facts, lambda: every_expert_map(layer), ep_communicator)
-        self.mc2 = None if self.a2a is not None else mc2_plan(facts, ep_group_name)
-        if self.a2a is not None:
+        self.mc2 = mc2_plan(facts, ep_group_name)
+        if self.mc2 is not None and not self.mc2.every_step:
+            logger.info_once("ascend_ext: expert-parallel MoE layers exchange tokens by MC2 "
+                             "for steps of up to %d tokens per rank, by %s above",
+                             self.mc2.tokens, "all-to-all" if self.a2a else "all-gather")
+        elif self.a2a is not None and self.mc2 is None:
             logger.info_once("ascend_ext: expert-parallel MoE layers exchange tokens by "
                              "all-to-all (ascend_ext.moe_dispatch 'alltoall'): one host read "
                              "per MoE layer per step")
@@ -191,7 +205,8 @@ class MonolithicEntry:
     @property
     def supports_internal_mk(self) -> bool:
         # vLLM's runner skips its own DP token exchange for a layer whose method exchanges
-        # the tokens itself (the MC2 and all-to-all dispatchers), and runs it otherwise.
+        # the tokens itself (MC2, all-to-all, and the all-gather of a step-sized MC2
+        # layer's larger steps), and runs it otherwise.
         return self.mc2 is not None or self.a2a is not None
 
     def place_shard(self, weight: torch.Tensor) -> None:
@@ -203,6 +218,38 @@ class MonolithicEntry:
                           self.plan.describe(), self.shard.describe(),
                           "MC2 dispatch" if self.mc2 else
                           "all-to-all dispatch" if self.a2a else "no MC2")
+
+    def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """The layer's routed-expert sum for this rank's tokens, through the step's
+        exchange (``moe/step_route.py``)."""
+        route = step_route(self.mc2, self.a2a is not None, step_tokens)
+        if route == ALLGATHER:     # a step-sized MC2 layer's larger step
+            from vllm.distributed.parallel_state import get_ep_group
+
+            x, router_logits = get_ep_group().dispatch_router_logits(x, router_logits,
+                                                                     self.sequence_parallel)
+        weights, ids = self.routed(layer, router_logits)
+        if route == MC2:
+            return routed_experts_mc2(x, weights, ids, self.grouped_experts(layer), self.mc2)
+        if route == ALLTOALL:
+            return routed_experts_alltoall(
+                x, weights, ids, self.a2a,
+                lambda rows, slots: self.local_experts(layer, rows, None, slots, None))
+        out = self.local_experts(layer, x, weights, ids, self.shard)
+        if route == ALLGATHER:
+            from vllm.distributed.parallel_state import get_ep_group
+
+            out = get_ep_group().combine(out, self.sequence_parallel)
+        return out
+
+    def local_experts(self, layer, x: torch.Tensor, weights: torch.Tensor | None,
+                      ids: torch.Tensor, shard: ExpertShard | None) -> torch.Tensor:
+        """This rank's experts over its (token, k) pairs (``experts.routed_experts*``)."""
+        raise NotImplementedError
+
+    def grouped_experts(self, layer):
+        """``ffn(rows, ends)``: this rank's experts over rows grouped by expert (MC2's)."""
+        raise NotImplementedError
 
     def init_entry(self) -> None:
         from vllm.platforms import current_platform
@@ -274,16 +321,11 @@ class AscendFusedMoEMethod(MonolithicEntry, UnquantizedFusedMoEMethod):
         transpose_experts(layer, "w13_weight", "w2_weight")
         self.place_shard(layer.w13_weight)
 
-    def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.routed(layer, router_logits)
-        w13, w2 = layer.w13_weight, layer.w2_weight
-        if self.mc2 is not None:
-            return routed_experts_mc2(x, weights, ids, w13, w2, self.mc2)
-        if self.a2a is not None:
-            return routed_experts_alltoall(
-                x, weights, ids, self.a2a,
-                lambda rows, slots: experts.routed_experts(rows, None, slots, w13, w2))
-        return experts.routed_experts(x, weights, ids, w13, w2, self.shard)
+    def local_experts(self, layer, x, weights, ids, shard):
+        return experts.routed_experts(x, weights, ids, layer.w13_weight, layer.w2_weight, shard)
+
+    def grouped_experts(self, layer):
+        return functools.partial(experts.grouped_ffn, w13=layer.w13_weight, w2=layer.w2_weight)
 
 
 def register() -> None:

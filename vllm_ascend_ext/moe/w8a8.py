@@ -19,13 +19,14 @@ W8A8_DYNAMIC; routing is the same as the float method's.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_ascend_ext.moe import experts
-from vllm_ascend_ext.moe.alltoall import routed_experts_alltoall
 from vllm_ascend_ext.moe.method import MonolithicEntry, transpose_experts
 from vllm_ascend_ext.moe.routing import UnsupportedMoEError
 from vllm_ascend_ext.ops.format import ACL_FORMAT_FRACTAL_NZ, cast_parameter, npu_format
@@ -34,8 +35,6 @@ from vllm_ascend_ext.quantization.weight_format import current_quantized_weight_
 
 
 class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
-    quantized = True      # the MC2 gate declines (moe/mc2.py); all-to-all takes it
-
     def __init__(self, moe, prefix: str, *, dummy_loading: bool = False) -> None:
         super().__init__(moe)
         self.prefix = prefix
@@ -84,12 +83,18 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
         self.fused_experts = npu_format(layer.w13_weight) == ACL_FORMAT_FRACTAL_NZ
         self.place_shard(layer.w13_weight)
 
-    def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.routed(layer, router_logits)
+    # The all-to-all and MC2 dispatchers deliver the rows in the activations' dtype: the
+    # experts quantize them here, per row, as on one rank.
+    def local_experts(self, layer, x, weights, ids, shard):
         run = (experts.routed_experts_w8a8_fused if self.fused_experts
                else experts.routed_experts_w8a8)
-        mine = (layer.w13_weight, layer.w13_weight_scale, layer.w2_weight, layer.w2_weight_scale)
-        if self.a2a is not None:     # the rows arrive in float; quantized here, per row
-            return routed_experts_alltoall(x, weights, ids, self.a2a,
-                                           lambda rows, slots: run(rows, None, slots, *mine))
-        return run(x, weights, ids, *mine, self.shard)
+        return run(x, weights, ids, *_int8_experts(layer), shard)
+
+    def grouped_experts(self, layer):
+        ffn = experts.grouped_ffn_w8a8_fused if self.fused_experts else experts.grouped_ffn_w8a8
+        return functools.partial(ffn, **dict(zip(("w13", "w13_scale", "w2", "w2_scale"),
+                                                 _int8_experts(layer))))
+
+
+def _int8_experts(layer) -> tuple[torch.Tensor, ...]:
+    return layer.w13_weight, layer.w13_weight_scale, layer.w2_weight, layer.w2_weight_scale

@@ -44,6 +44,12 @@ BOUNDS = {
 }
 
 
+def max_tokens(family: str) -> int | None:
+    """The most tokens per rank one dispatch / combine call takes on ``family`` ("0<BS≤..."),
+    ``None`` where the operators are not documented."""
+    return BOUNDS[family].max_bs if family in BOUNDS else None
+
+
 def outside(family: str, *, hidden: int, bs: int, top_k: int, experts: int,
             ep_world_size: int) -> list[str]:
     """Why a call with these sizes is outside the documented bounds (empty: inside)."""

@@ -91,7 +91,7 @@ def refuse_forced_dispatch(vllm_config, family: str) -> None:
     facts = Mc2Facts(
         setting=setting, family=family,
         exchange=bool(par.enable_expert_parallel) and (par.data_parallel_size > 1 or sp),
-        linear=True, quantized=False, dtype=model.dtype, hidden=int(text.hidden_size),
+        linear=True, dtype=model.dtype, hidden=int(text.hidden_size),
         top_k=int(getattr(text, "num_experts_per_tok", 0) or 0), experts=experts,
         ep_world_size=world, ep_rank=0,
         capacity=-(-tokens // par.tensor_parallel_size) if sp else tokens,
