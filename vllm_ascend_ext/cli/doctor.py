@@ -215,12 +215,14 @@ def _ep_dispatchers() -> dict:
 
 def _tiny_models() -> dict:
     """Every embedded tiny model (``tiny-model-path`` names) and whether it is in place (the
-    generated one, ``qwen-moe-wide``, is looked for, never generated here)."""
+    generated ones, ``qwen-moe-wide`` and ``dsa-w8a8-wide``, are looked for, never
+    generated here)."""
     from vllm_ascend_ext.cli.plugin_commands import _tiny_paths
-    from vllm_ascend_ext.models import tiny_qwen_moe_wide_dir
+    from vllm_ascend_ext.models import tiny_dsa_w8a8_wide_dir, tiny_qwen_moe_wide_dir
 
     where = {name: path for name, path in _tiny_paths().items()}
     where["qwen-moe-wide"] = lambda: str(tiny_qwen_moe_wide_dir())
+    where["dsa-w8a8-wide"] = lambda: str(tiny_dsa_w8a8_wide_dir())
     return {name: {"path": path(), "present": Path(path(), "config.json").is_file()}
             for name, path in where.items()}
 

@@ -27,6 +27,7 @@ class PluginCommand:
 def _tiny_paths() -> dict:
     from vllm_ascend_ext.models import (
         tiny_dsa_path,
+        tiny_dsa_w8a8_wide_path,
         tiny_mimo_path,
         tiny_model_path,
         tiny_qwen3_next_path,
@@ -37,11 +38,12 @@ def _tiny_paths() -> dict:
     return {"qwen3": tiny_model_path, "qwen-moe": tiny_qwen_moe_path,
             "qwen-moe-wide": tiny_qwen_moe_wide_path,
             "qwen3-next": tiny_qwen3_next_path, "dsa": tiny_dsa_path,
-            "dsa-w8a8": lambda: tiny_dsa_path(quantized=True), "mimo": tiny_mimo_path}
+            "dsa-w8a8": lambda: tiny_dsa_path(quantized=True),
+            "dsa-w8a8-wide": tiny_dsa_w8a8_wide_path, "mimo": tiny_mimo_path}
 
 
 class TinyModelPathCommand(PluginCommand):
-    """``tiny-model-path [qwen3|qwen-moe|qwen-moe-wide|qwen3-next|dsa|dsa-w8a8|mimo]``: print an embedded tiny
+    """``tiny-model-path [qwen3|qwen-moe|qwen-moe-wide|qwen3-next|dsa|dsa-w8a8|dsa-w8a8-wide|mimo]``: print an embedded tiny
     model's directory."""
 
     name = "tiny-model-path"
@@ -58,7 +60,8 @@ class TinyModelPathCommand(PluginCommand):
             description="Print the directory of an embedded tiny model: the Qwen3-style one "
             "(qwen3, default), the Qwen MoE one (qwen-moe), the hybrid Qwen3-Next one "
             "(qwen3-next: Gated-DeltaNet and full-attention layers), the DeepSeek-V3.2-style "
-            "one (dsa) or its ModelSlim W8A8 variant (dsa-w8a8), or the dense MiMo-style "
+            "one (dsa) or its ModelSlim W8A8 variant (dsa-w8a8; dsa-w8a8-wide at hidden size 1024, "
+            "generated on first use), or the dense MiMo-style "
             "one with an MTP layer (mimo). Their weights are random at a realistic scale: "
             "the text they generate is gibberish by design.",
         )

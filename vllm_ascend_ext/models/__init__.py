@@ -21,35 +21,63 @@ def tiny_qwen_moe_path() -> str:
     return str(TINY_QWEN_MOE)
 
 
-def tiny_qwen_moe_wide_dir() -> Path:
-    """Where ``tiny_qwen_moe_wide_path`` generates the wide tiny MoE (nothing written)."""
+def _cache_dir() -> Path:
     import os
 
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm_ascend_ext"
-    return cache / "tiny_qwen_moe_wide_v1"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm_ascend_ext"
+
+
+def tiny_qwen_moe_wide_dir() -> Path:
+    """Where ``tiny_qwen_moe_wide_path`` generates the wide tiny MoE (nothing written)."""
+    return _cache_dir() / "tiny_qwen_moe_wide_v1"
+
+
+def _generated(out: Path, make) -> str:
+    """``out``, made by ``make(tmp)`` into a fresh folder beside it on first use."""
+    import tempfile
+
+    if not (out / "model.safetensors").exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent))
+        import shutil
+
+        made = make(tmp)
+        try:
+            made.rename(out)            # atomic: a concurrent first use keeps its own copy
+        except OSError:
+            pass
+        shutil.rmtree(tmp, ignore_errors=True)      # what was not renamed (or lost the race)
+    return str(out)
 
 
 def tiny_qwen_moe_wide_path() -> str:
     """The tiny Qwen MoE at hidden size 1024 (8 heads of 128), the smallest the MC2
     operators document on Atlas A3: generated deterministically on first use into
     ``$XDG_CACHE_HOME/vllm_ascend_ext`` (34 MB, not shipped)."""
-    import tempfile
+    from vllm_ascend_ext.models import make_tiny_qwen_moe
 
-    out = tiny_qwen_moe_wide_dir()
-    cache = out.parent
-    if not (out / "model.safetensors").exists():
-        from vllm_ascend_ext.models import make_tiny_qwen_moe
-
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=cache))
+    def make(tmp: Path) -> Path:
         make_tiny_qwen_moe.main(str(tmp), wide=True)
-        try:
-            tmp.rename(out)             # atomic: a concurrent first use keeps its own copy
-        except OSError:
-            import shutil
+        return tmp
 
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(out)
+    return _generated(tiny_qwen_moe_wide_dir(), make)
+
+
+def tiny_dsa_w8a8_wide_dir() -> Path:
+    """Where ``tiny_dsa_w8a8_wide_path`` generates the wide tiny DSA W8A8 (nothing written)."""
+    return _cache_dir() / "tiny_dsa_w8a8_wide_v1"
+
+
+def tiny_dsa_w8a8_wide_path() -> str:
+    """The tiny DeepSeek-V3.2-style W8A8 model at hidden size 1024 (the MC2 operators'
+    smallest on Atlas A3): generated deterministically on first use into
+    ``$XDG_CACHE_HOME/vllm_ascend_ext`` (not shipped)."""
+    from vllm_ascend_ext.models import make_tiny_dsa
+
+    def make(tmp: Path) -> Path:
+        return make_tiny_dsa.main(str(tmp), wide=True)[1]
+
+    return _generated(tiny_dsa_w8a8_wide_dir(), make)
 
 
 TINY_QWEN3_NEXT = Path(__file__).resolve().parent / "tiny_qwen3_next"

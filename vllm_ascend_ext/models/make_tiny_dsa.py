@@ -1,6 +1,6 @@
 """Generate the embedded tiny DeepSeek-V3.2-style (DSA) models: float and W8A8.
 
-    python -m vllm_ascend_ext.models.make_tiny_dsa [OUT_ROOT]
+    python -m vllm_ascend_ext.models.make_tiny_dsa [OUT_ROOT] [--wide]
 
 writes ``tiny_dsa/`` (float weights) and ``tiny_dsa_w8a8/`` (the same weights with
 the linear layers ModelSlim quantizes stored as W8A8_DYNAMIC, plus
@@ -63,6 +63,11 @@ CONFIG = {
     "num_nextn_predict_layers": 1,
 }
 
+# A wider variant for MC2 (expert-parallel dispatch), whose operators document hidden
+# sizes from 1024 on Atlas A3: generated on first use into the user's cache
+# (``models.tiny_dsa_wide_path``), not shipped.
+WIDE_CONFIG = {**CONFIG, "hidden_size": 1024}
+
 # What ModelSlim's W8A8 dynamic recipe quantizes here: attention projections (but
 # not kv_b_proj, which MLA absorbs), the indexer's wq_b, dense MLP, shared and routed
 # experts.
@@ -71,9 +76,8 @@ QUANTIZED = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj", "indexer.wq
              "shared_experts.up_proj", "shared_experts.down_proj")
 
 
-def make_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+def make_weights(seed: int = 0, c: dict = CONFIG) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    c = CONFIG
     h, n = c["hidden_size"], c["num_attention_heads"]
     dn, dr, dv = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
     ql, kl = c["q_lora_rank"], c["kv_lora_rank"]
@@ -167,21 +171,25 @@ def quantize_w8a8(weights: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     return out, desc
 
 
-def main(out_root: str | None = None) -> tuple[Path, Path]:
+def main(out_root: str | None = None, wide: bool = False) -> tuple[Path, Path]:
+    """Writes ``tiny_dsa`` and ``tiny_dsa_w8a8`` under ``out_root`` (``wide``: at
+    ``WIDE_CONFIG``'s hidden size, as ``tiny_dsa_wide`` and ``tiny_dsa_w8a8_wide``)."""
     from safetensors.torch import save_file
 
     from vllm_ascend_ext.models import TINY_QWEN3
 
     root = Path(out_root) if out_root else Path(__file__).resolve().parent
-    weights = make_weights()
+    config = WIDE_CONFIG if wide else CONFIG
+    weights = make_weights(c=config)
+    tail = "_wide" if wide else ""
     outs = []
-    for sub, tensors, desc in (("tiny_dsa", weights, None),
-                               ("tiny_dsa_w8a8", *quantize_w8a8(weights))):
+    for sub, tensors, desc in ((f"tiny_dsa{tail}", weights, None),
+                               (f"tiny_dsa_w8a8{tail}", *quantize_w8a8(weights))):
         out = root / sub
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (out / "generation_config.json").write_text(json.dumps(
-            {"bos_token_id": CONFIG["bos_token_id"], "eos_token_id": CONFIG["eos_token_id"]},
+            {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]},
             indent=2) + "\n")
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copyfile(TINY_QWEN3 / f, out / f)
@@ -195,4 +203,5 @@ def main(out_root: str | None = None) -> tuple[Path, Path]:
 
 
 if __name__ == "__main__":
-    print(*main(sys.argv[1] if len(sys.argv) > 1 else None))
+    argv = [a for a in sys.argv[1:] if a != "--wide"]
+    print(*main(argv[0] if argv else None, wide="--wide" in sys.argv[1:]))

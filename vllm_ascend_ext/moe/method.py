@@ -17,7 +17,9 @@ It is *monolithic* in vLLM's terms: it receives the router logits and routes its
 runs the shared experts and adds them. Under expert parallelism (``--enable-expert-parallel``)
 a rank's weights hold its experts only: the layer's shard (``expert_shard.py``) restricts
 the permutation to them, and vLLM sums the ranks' shares (its all-reduce, or its DP token
-exchange through the plugin's communicator). The weights stay in vLLM's parameters,
+exchange through the plugin's communicator), unless the layer exchanges the tokens itself
+(MC2 or all-to-all, chosen per step: ``compute`` and ``step_route.py``). The weights stay
+in vLLM's parameters,
 transposed once to the kernels' ``[E, K, N]`` layout.
 """
 
@@ -99,16 +101,19 @@ def layer_mc2_facts(layer, shard: ExpertShard) -> Mc2Facts:
 
 def ep_group_name() -> str:
     """``group_ep`` of the MC2 operators: the EP group's communicator name."""
+    return ep_communicator().moe_group_name()
+
+
+def ep_group():
+    """vLLM's expert-parallel group coordinator."""
     from vllm.distributed.parallel_state import get_ep_group
 
-    return get_ep_group().device_communicator.moe_group_name()
+    return get_ep_group()
 
 
 def ep_communicator():
     """The EP group's device communicator (the all-to-all dispatcher's exchange)."""
-    from vllm.distributed.parallel_state import get_ep_group
-
-    return get_ep_group().device_communicator
+    return ep_group().device_communicator
 
 
 def every_expert_map(layer):
@@ -116,9 +121,8 @@ def every_expert_map(layer):
     group's CPU group when the layer is built (every rank builds the same layers in the
     same order), never per step."""
     import torch.distributed as dist
-    from vllm.distributed.parallel_state import get_ep_group
 
-    group = get_ep_group()
+    group = ep_group()
     mine = layer.expert_map.detach().to("cpu", torch.int32).contiguous()
     maps = [torch.empty_like(mine) for _ in range(group.world_size)]
     dist.all_gather(maps, mine, group=group.cpu_group)
@@ -188,8 +192,10 @@ class MonolithicEntry:
         self.shard = layer_expert_shard(layer)
         self.sequence_parallel = bool(layer.moe_config.is_sequence_parallel)
         facts = layer_mc2_facts(layer, self.shard)
-        self.a2a = alltoall_plan(facts, lambda: every_expert_map(layer), ep_communicator)
         self.mc2 = mc2_plan(facts, ep_group_name)
+        # all-to-all for the steps MC2 does not take (the same decision on every rank)
+        self.a2a = None if self.mc2 is not None and self.mc2.every_step else alltoall_plan(
+            facts, lambda: every_expert_map(layer), ep_communicator)
         if self.mc2 is not None and not self.mc2.every_step:
             logger.info_once("ascend_ext: expert-parallel MoE layers exchange tokens by MC2 "
                              "for steps of up to %d tokens per rank, by %s above",
@@ -224,10 +230,8 @@ class MonolithicEntry:
         exchange (``moe/step_route.py``)."""
         route = step_route(self.mc2, self.a2a is not None, step_tokens)
         if route == ALLGATHER:     # a step-sized MC2 layer's larger step
-            from vllm.distributed.parallel_state import get_ep_group
-
-            x, router_logits = get_ep_group().dispatch_router_logits(x, router_logits,
-                                                                     self.sequence_parallel)
+            x, router_logits = ep_group().dispatch_router_logits(x, router_logits,
+                                                                 self.sequence_parallel)
         weights, ids = self.routed(layer, router_logits)
         if route == MC2:
             return routed_experts_mc2(x, weights, ids, self.grouped_experts(layer), self.mc2)
@@ -237,9 +241,7 @@ class MonolithicEntry:
                 lambda rows, slots: self.local_experts(layer, rows, None, slots, None))
         out = self.local_experts(layer, x, weights, ids, self.shard)
         if route == ALLGATHER:
-            from vllm.distributed.parallel_state import get_ep_group
-
-            out = get_ep_group().combine(out, self.sequence_parallel)
+            out = ep_group().combine(out, self.sequence_parallel)
         return out
 
     def local_experts(self, layer, x: torch.Tensor, weights: torch.Tensor | None,
