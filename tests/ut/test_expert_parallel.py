@@ -196,3 +196,41 @@ def test_expert_parallel_is_accepted_and_eplb_and_other_backends_are_refused():
     with pytest.raises(AscendExtError, match="--all2all-backend deepep_low_latency.*allowed: "
                                              "allgather_reducescatter"):
         refuse_expert_parallel(_parallel(all2all_backend="deepep_low_latency"))
+
+
+@pytest.mark.parametrize("route", ["float", "w8a8", "w8a8_fused"])
+def test_one_expert_per_rank_sends_its_single_group_as_a_running_sum(contract, route):
+    """Wide expert parallelism, one expert per rank (EP = E): the grouped matmuls' one group
+    goes as a running sum (``group_list_type`` 0, the same number), as torch-npu forbids a
+    size list of length 1 ("长度不能为1"). Contract mode pretending A3 checks every call;
+    the ranks' shares sum to the unsharded layer."""
+    contract("ascend910_9391")
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32)
+    weights = torch.rand(T, K, generator=g) + 0.1
+    if route == "float":
+        w = (torch.randn(E, H, 2 * INTER, generator=g).to(torch.bfloat16),
+             torch.randn(E, INTER, H, generator=g).to(torch.bfloat16))
+
+        def run(o, shard=None):
+            return experts.routed_experts(x, weights, ids, w[0][o], w[1][o], shard)
+    else:
+        w = (torch.randint(-127, 128, (E, H, 2 * INTER), generator=g, dtype=torch.int8),
+             torch.rand(E, 2 * INTER, generator=g) / 50,
+             torch.randint(-127, 128, (E, INTER, H), generator=g, dtype=torch.int8),
+             torch.rand(E, H, generator=g) / 50)
+
+        def run(o, shard=None):
+            w13, s13, w2, s2 = (t[o] for t in w)
+            if route == "w8a8":
+                return experts.routed_experts_w8a8(x, weights, ids, w13, s13, w2, s2, shard)
+            w13 = npu_format_cast(w13.contiguous(), ACL_FORMAT_FRACTAL_NZ)
+            return experts.routed_experts_w8a8_fused(x, weights, ids, w13, s13, w2, s2, shard)
+
+    whole = run(list(range(E))).double()
+    shards = _shards(E, "linear")
+    assert all(shard.local_experts == 1 for shard, _ in shards)
+    total = sum(run(owned, shard).double() for shard, owned in shards)
+    torch.testing.assert_close(total, whole, rtol=3e-2, atol=3e-2 * whole.abs().max().item())
+    assert whole.abs().max() > 0.1

@@ -78,6 +78,13 @@ def route(plan: RoutingPlan, router_logits: torch.Tensor,
     return weights, ids
 
 
+def sizes_type(groups: torch.Tensor) -> int:
+    """``group_list_type`` for a group list of sizes: 1, or 0 (running sums: the same
+    number) for a single group, where ``npu_grouped_matmul`` forbids type 1 ("长度不能为1"):
+    one expert per rank under wide expert parallelism. A host decision on the shape."""
+    return 1 if groups.shape[0] > 1 else 0
+
+
 def routed_experts(x: torch.Tensor, weights: torch.Tensor | None, ids: torch.Tensor,
                    w13: torch.Tensor, w2: torch.Tensor,
                    shard: ExpertShard | None = None) -> torch.Tensor:
@@ -92,9 +99,9 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor | None, ids: torch.Ten
         expanded, row_idx, counts = _dispatch(x, ids, shard)
         groups = shard.groups(counts)
         gate_up = npu_grouped_matmul([expanded], [w13], group_list=groups, split_item=2,
-                                     group_type=0, group_list_type=1)[0]
+                                     group_type=0, group_list_type=sizes_type(groups))[0]
         down = npu_grouped_matmul([npu_swiglu(gate_up)], [w2], group_list=groups, split_item=2,
-                                  group_type=0, group_list_type=1)[0]
+                                  group_type=0, group_list_type=sizes_type(groups))[0]
         return _combine(down, row_idx, groups, weights, shard)
 
 
@@ -121,11 +128,13 @@ def _combine(down: torch.Tensor, row_idx: torch.Tensor, groups: torch.Tensor,
 
 def _quantized_gmm(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                    counts: torch.Tensor, out_dtype: torch.dtype,
-                   list_type: int = 1) -> torch.Tensor:
+                   list_type: int | None = None) -> torch.Tensor:
+    """``list_type`` ``None``: ``counts`` are group sizes (``sizes_type``)."""
     q, per_token = npu_dynamic_quant(rows)
     return npu_grouped_matmul([q], [weight], scale=[scale], per_token_scale=[per_token],
                               group_list=counts, split_item=2, group_type=0,
-                              group_list_type=list_type, output_dtype=DTYPE_ENUM[out_dtype])[0]
+                              group_list_type=sizes_type(counts) if list_type is None else list_type,
+                              output_dtype=DTYPE_ENUM[out_dtype])[0]
 
 
 def routed_experts_w8a8(x: torch.Tensor, weights: torch.Tensor | None, ids: torch.Tensor,
@@ -158,7 +167,8 @@ def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor | None, ids
         act, act_scale, _ = npu_grouped_matmul_swiglu_quant(rows, w13, groups.cumsum(0), w13_scale,
                                                             row_scale)
         down = npu_grouped_matmul([act], [w2], scale=[w2_scale], per_token_scale=[act_scale],
-                                  group_list=groups, split_item=2, group_type=0, group_list_type=1,
+                                  group_list=groups, split_item=2, group_type=0,
+                                  group_list_type=sizes_type(groups),
                                   output_dtype=DTYPE_ENUM[x.dtype])[0]
         return _combine(down, row_idx, groups, weights, shard)
 
