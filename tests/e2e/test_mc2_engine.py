@@ -104,3 +104,33 @@ def test_a_step_sized_plan_takes_mc2_for_decode_and_another_exchange_for_prefill
     assert reads == ([None, None] if dispatch == "auto" else [large // 2] * 2)
     assert calls[0]["npu_moe_gating_top_k_softmax"] == mc2 + large // per_layer
     assert greedy_departures(one_engine_long, two, 6e-2) == []
+
+
+def test_dp2_tp2_ep4_sequence_parallel_mc2_with_one_expert_per_rank_equals_a_tp2_engine():
+    """DP2 x TP2 + EP4, tiny DeepSeek-V3.2 W8A8: vLLM runs the MoE sequence-parallel (each
+    TP rank dispatches its share of the engine's tokens), each rank holds one of the four
+    experts (its grouped matmuls take one group, sent as a running sum), a 2048-token
+    budget (1024 per TP rank) above MC2's 512 makes the plan step-sized, and an 1100-token
+    prompt (550 per TP rank) makes a prefill-sized step through the all-gather. Contract
+    mode on all four ranks: no violation, both routes on each rank. The reference is one
+    TP2 engine (TP2 itself departs from TP1 with W8A8: each TP rank quantizes its own
+    slice of a row): the result departs from it only within bf16 noise (measured: the
+    same tokens, logprobs within 5.1e-2)."""
+    args = ("--model", "dsa-w8a8-wide", "--dtype", "bfloat16",
+            "--max-num-batched-tokens", "2048", "--long-prompt", "1100")
+    tp2 = run_script("run_dp.py", "--dp", "1", "--tp", "2", *args, emulate=True, **A3)
+    four = run_script("run_dp.py", "--dp", "2", "--tp", "2", "--ep", *args, emulate=True,
+                      ASCEND_EXT_NPU_CONTRACT="1", **A3)
+    assert [r["sequence_parallel_moe"] for r in four["ranks"]] == [True] * 4
+    assert [r["expert_shard"] for r in four["ranks"]] == [f"experts [{e}, {e + 1}) of 4"
+                                                          for e in range(4)]
+    assert [r["mc2_layers"] for r in four["ranks"]] == [1] * 4
+    for rank in four["ranks"]:
+        contract = rank["contract"]
+        assert contract["violations"] == 0, contract["summary"]
+        calls = contract["calls"]
+        assert calls.get("npu_moe_distribute_dispatch_v2", 0) > 0, contract["summary"]
+        assert calls.get("npu_moe_init_routing_v2", 0) > 0, contract["summary"]
+        assert calls["npu_moe_gating_top_k"] == (calls["npu_moe_distribute_dispatch_v2"]
+                                                 + calls["npu_moe_init_routing_v2"])
+    assert greedy_departures(tp2, four, 6e-2) == []
