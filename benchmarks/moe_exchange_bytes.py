@@ -28,9 +28,8 @@ No timing. Layouts (one Atlas 800 pair, 16 NPUs):
 - **MC2** (``npu_moe_distribute_dispatch_v2`` / ``combine_v2``, ``moe/mc2.py``; built for
   float and W8A8 experts on A3, taken where the documented bounds hold, for steps of at
   most 512 tokens per rank): the same rows as all-to-all in two fused kernels, no host
-  read. W8A8 experts receive the rows in the activations' dtype (the row counted here);
-  the int8 dispatch (the dispatch's ``quant_mode=2``: rows int8 with a float32 scale per
-  row) is a projection, not built.
+  read. For W8A8 experts the dispatch quantizes the rows (``quant_mode=2``: int8 with a
+  float32 scale per row; the "int8 dispatch" row); float experts send bf16.
 
 Routing is taken as uniform (each of a token's k rows on any rank with probability 1/16);
 real routing moves the all-to-all figures, not the all-gather ones. The 16 ranks serve one
@@ -121,8 +120,8 @@ def mc2_ep(tokens: int, w: Widths, *, int8_dispatch: bool) -> Exchange:
     rows = _remote_rows(tokens, w)
     dispatch = rows * (w.hidden * INT8 + FP32) if int8_dispatch else rows * w.hidden * BF16
     sent = dispatch + rows * w.hidden * BF16 + ring_gather(tokens * w.hidden * BF16, TP)
-    label = "DP2xTP8+EP16 MC2" + (" (int8 dispatch)" if int8_dispatch else "")
-    return Exchange(label, not int8_dispatch, 3, sent, 0, DP)
+    label = "DP2xTP8+EP16 MC2" + (" (int8 dispatch, W8A8)" if int8_dispatch else "")
+    return Exchange(label, True, 3, sent, 0, DP)
 
 
 def table(tokens: int) -> list[dict]:

@@ -105,9 +105,8 @@ def greedy_departures(ref: dict, got: dict, bound: float) -> list[str]:
     """Where ``got``'s greedy continuations depart from ``ref``'s beyond rounding noise
     (empty: none), in the spirit of vLLM's ``check_logprobs_close``. Up to a prompt's first
     differing token the chosen tokens' logprobs agree within ``bound``; at that token the
-    two runs face a near tie: each run's token is among the other's top logprobs and, in
-    ``ref``, within ``2 * bound`` of the token ``ref`` chose (each logprob may move by
-    ``bound``). The prompt's comparison ends
+    two runs face a near tie: each run's token is among the other's top logprobs, within
+    ``2 * bound`` of the token that run chose (each logprob may move by ``bound``). The prompt's comparison ends
     there (the continuations condition on different tokens). ``ref``/``got``: run_dp.py
     results (``tokens``, ``logprobs``, ``top``)."""
     out = []
@@ -119,7 +118,8 @@ def greedy_departures(ref: dict, got: dict, bound: float) -> list[str]:
                     out.append(f"prompt {i} token {j}: logprobs {la:.4f} vs {lb:.4f}")
                 continue
             theirs, ours = ref["top"][i][j], got["top"][i][j]
-            if str(a) not in ours or str(b) not in theirs or theirs[str(b)] < la - 2 * bound:
+            if (str(a) not in ours or str(b) not in theirs or theirs[str(b)] < la - 2 * bound
+                    or ours[str(a)] < lb - 2 * bound):
                 out.append(f"prompt {i} token {j}: {a} vs {b}, not a near tie "
                            f"(ref top {theirs}, got top {ours})")
             break

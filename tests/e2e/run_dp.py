@@ -87,9 +87,9 @@ if os.environ.get(ROTATE) == "1":          # in the worker processes, imported b
     if not hasattr(_mc2_method.routed_experts_mc2, "rotated"):
         _mc2_of = _mc2_method.routed_experts_mc2
 
-        def _rotated(x, weights, ids, ffn, plan):
+        def _rotated(x, weights, ids, ffn, plan, **kw):
             """Every pair dispatched to the expert L ids on (the next rank's)."""
-            return _mc2_of(x, weights, (ids + plan.local) % plan.experts, ffn, plan)
+            return _mc2_of(x, weights, (ids + plan.local) % plan.experts, ffn, plan, **kw)
 
         _rotated.rotated = True
         _mc2_method.routed_experts_mc2 = _rotated

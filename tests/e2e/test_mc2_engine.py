@@ -97,9 +97,11 @@ def test_a_step_sized_plan_takes_mc2_for_decode_and_another_exchange_for_prefill
     mc2 = calls[0]["npu_moe_distribute_dispatch_v2"]
     large = calls[0]["npu_moe_init_routing_v2"]
     assert mc2 > 0 and mc2 == calls[0]["npu_moe_distribute_combine_v2"]
-    # the large steps' local route: one init-routing per layer (all-gather), two (all-to-all)
+    # exactly two steps bring more than 512 tokens to a rank: the start-up profile run (1024)
+    # and the 600-token prompt's; their local route: one init-routing per layer
+    # (all-gather), two (all-to-all); every other step took MC2
     per_layer = 1 if dispatch == "auto" else 2
-    assert large > 0 and large % (2 * per_layer) == 0, calls[0]
+    assert large == 2 * 2 * per_layer, calls[0]
     reads = [r["a2a_host_reads"] for r in two["ranks"]]
     assert reads == ([None, None] if dispatch == "auto" else [large // 2] * 2)
     assert calls[0]["npu_moe_gating_top_k_softmax"] == mc2 + large // per_layer
@@ -114,8 +116,7 @@ def test_dp2_tp2_ep4_sequence_parallel_mc2_with_one_expert_per_rank_equals_a_tp2
     prompt (550 per TP rank) makes a prefill-sized step through the all-gather. Contract
     mode on all four ranks: no violation, both routes on each rank. The reference is one
     TP2 engine (TP2 itself departs from TP1 with W8A8: each TP rank quantizes its own
-    slice of a row): the result departs from it only within bf16 noise (measured: the
-    same tokens, logprobs within 5.1e-2)."""
+    slice of a row): the same tokens, logprobs within bf16 noise (6e-2; measured 5.1e-2)."""
     args = ("--model", "dsa-w8a8-wide", "--dtype", "bfloat16",
             "--max-num-batched-tokens", "2048", "--long-prompt", "1100")
     tp2 = run_script("run_dp.py", "--dp", "1", "--tp", "2", *args, emulate=True, **A3)
@@ -130,7 +131,9 @@ def test_dp2_tp2_ep4_sequence_parallel_mc2_with_one_expert_per_rank_equals_a_tp2
         assert contract["violations"] == 0, contract["summary"]
         calls = contract["calls"]
         assert calls.get("npu_moe_distribute_dispatch_v2", 0) > 0, contract["summary"]
-        assert calls.get("npu_moe_init_routing_v2", 0) > 0, contract["summary"]
-        assert calls["npu_moe_gating_top_k"] == (calls["npu_moe_distribute_dispatch_v2"]
-                                                 + calls["npu_moe_init_routing_v2"])
+        # two steps above 512 tokens per TP rank (the profile run, 1024; the 1100-token
+        # prompt's, 550) through the all-gather (one MoE layer); every other through MC2
+        assert calls.get("npu_moe_init_routing_v2") == 2, contract["summary"]
+        assert calls["npu_moe_gating_top_k"] == calls["npu_moe_distribute_dispatch_v2"] + 2
+    assert four["tokens"] == tp2["tokens"]
     assert greedy_departures(tp2, four, 6e-2) == []

@@ -79,6 +79,8 @@ def _worker(rank: int, world: int, store: str, queue) -> None:
     _, _, _, ends, _, _, _ = npu_moe_distribute_dispatch_v2(x, ids, expert_token_nums_type=0,
                                                             **common)
     out["ends"] = ends
+    out["q_rows"], out["q_scales"], *_ = npu_moe_distribute_dispatch_v2(x, ids, quant_mode=2,
+                                                                       **common)
     done = rows.clone()
     begin = 0
     for j, n in enumerate(counts.tolist()):
@@ -108,9 +110,10 @@ def _worker(rank: int, world: int, store: str, queue) -> None:
                                  for w in (ours[0], every[0]))
         grouped = experts.grouped_ffn_w8a8_fused if fused else experts.grouped_ffn_w8a8
         one = experts.routed_experts_w8a8_fused if fused else experts.routed_experts_w8a8
+        ffn = functools.partial(grouped, **dict(zip(("w13", "w13_scale", "w2", "w2_scale"),
+                                                    ours)))
         with OpCounter() as c:
-            out[f"w8a8_{fused}"] = routed_experts_mc2(
-                x, scales, ids, lambda rows, ends, g=grouped, w=ours: g(rows, ends, *w), plan)
+            out[f"w8a8_{fused}"] = routed_experts_mc2(x, scales, ids, ffn, plan, int8_rows=True)
         out[f"w8a8_calls_{fused}"] = dict(c.total())
         out[f"w8a8_one_{fused}"] = one(x, scales, ids, *every)
     emap = torch.full((E,), -1, dtype=torch.int32)
@@ -172,6 +175,28 @@ def test_each_rank_receives_its_experts_rows_grouped_by_expert_then_source(ranks
 
 
 @pytest.mark.xdist_group("mc2")
+def test_quant_mode_2_sends_each_token_as_int8_rows_with_its_per_token_scale(ranks):
+    """The dispatch's dynamic quantization: every received row is its source token
+    quantized per token and symmetric (computed here: amax / 127, rounded), in the same
+    order as the float rows; the scales past the received rows are undefined (NaN)."""
+    world, got = ranks
+    inputs, local = _all_inputs(world), E // world
+    for rank in range(world):
+        rows = torch.tensor(got[rank]["q_rows"], dtype=torch.int8)
+        scales = torch.tensor(got[rank]["q_scales"])
+        begin = 0
+        for j in range(local):
+            for x, ids, _ in inputs:
+                sent = x[(ids == rank * local + j).any(1)]
+                scale = sent.abs().amax(1) / 127
+                want = torch.round(sent / scale[:, None]).clamp(-128, 127).to(torch.int8)
+                assert torch.equal(rows[begin:begin + len(sent)], want)
+                torch.testing.assert_close(scales[begin:begin + len(sent)], scale)
+                begin += len(sent)
+        assert torch.isnan(scales[begin:]).all() and not rows[begin:].any()
+
+
+@pytest.mark.xdist_group("mc2")
 def test_combine_returns_each_tokens_weighted_sum_over_its_experts(ranks):
     world, got = ranks
     for rank, (x, ids, scales) in enumerate(_all_inputs(world)):
@@ -203,10 +228,10 @@ def test_the_mc2_dispatcher_equals_every_expert_computed_in_one_place(ranks):
 
 @pytest.mark.xdist_group("mc2")
 def test_w8a8_experts_through_mc2_equal_the_layer_on_one_rank(ranks):
-    """The rows arrive in the activations' dtype and each rank's int8 experts quantize them
-    per row, as the layer does on one rank holding every expert: the same values (up to
-    the order of the k-sum), fused (NZ ``w13``, ``npu_grouped_matmul_swiglu_quant``) and
-    unfused (``npu_dynamic_quant`` before each grouped matmul)."""
+    """The dispatch quantizes each token per row before sending it, as the layer's own
+    route does on one rank holding every expert: the same values (up to the order of the
+    k-sum), fused (NZ ``w13``, ``npu_grouped_matmul_swiglu_quant``) and unfused (the
+    SwiGLU output quantized by ``npu_dynamic_quant`` before the second grouped matmul)."""
     world, got = ranks
     for rank in range(world):
         for fused in (False, True):
@@ -214,13 +239,13 @@ def test_w8a8_experts_through_mc2_equal_the_layer_on_one_rank(ranks):
             one = torch.tensor(got[rank][f"w8a8_one_{fused}"])
             assert one.abs().max() > 0.1                # not a vacuous comparison
             assert torch.allclose(ours, one, atol=1e-5, rtol=1e-5), (rank, fused)
+        # the dispatch quantizes the tokens (quant_mode 2): no pass over the whole buffer
         assert got[rank]["w8a8_calls_False"] == {
-            "npu_moe_distribute_dispatch_v2": 1, "npu_dynamic_quant": 2,
-            "npu_grouped_matmul": 2, "npu_swiglu": 1, "npu_moe_distribute_combine_v2": 1}
+            "npu_moe_distribute_dispatch_v2": 1, "npu_grouped_matmul": 2, "npu_swiglu": 1,
+            "npu_dynamic_quant": 1, "npu_moe_distribute_combine_v2": 1}
         assert got[rank]["w8a8_calls_True"] == {
-            "npu_moe_distribute_dispatch_v2": 1, "npu_dynamic_quant": 1,
-            "npu_grouped_matmul_swiglu_quant": 1, "npu_grouped_matmul": 1,
-            "npu_moe_distribute_combine_v2": 1}
+            "npu_moe_distribute_dispatch_v2": 1, "npu_grouped_matmul_swiglu_quant": 1,
+            "npu_grouped_matmul": 1, "npu_moe_distribute_combine_v2": 1}
 
 
 @pytest.mark.xdist_group("mc2")
@@ -294,12 +319,14 @@ def test_a_step_budget_beyond_the_documented_tokens_gives_a_step_sized_plan():
 
 
 def test_each_step_takes_mc2_up_to_the_plans_tokens_then_all_to_all_or_all_gather():
-    """The per-step choice (pure): a step-sized plan asks for the step's most tokens per
-    rank; a plan for every step, or no MC2 plan, never asks."""
+    """The per-step choice (pure): with an MC2 plan, the step's most tokens per rank decide
+    (a plan for every step takes every step its budget allows, and a larger one would go
+    to the all-gather rather than past its buffers); without one, they are never asked."""
     sized = mc2_plan(_facts(capacity=4096), lambda: "g")
     whole = mc2_plan(_facts(capacity=256), lambda: "g")
     never = lambda: pytest.fail("asked for the step's tokens")     # noqa: E731
-    assert step_route(whole, False, never) == step_route(whole, True, never) == MC2
+    assert step_route(whole, False, lambda: 256) == step_route(whole, True, lambda: 1) == MC2
+    assert step_route(whole, False, lambda: 257) == ALLGATHER
     assert step_route(None, True, never) == ALLTOALL
     assert step_route(None, False, never) == LOCAL
     for tokens, alltoall, want in ((1, False, MC2), (512, False, MC2), (513, False, ALLGATHER),

@@ -65,7 +65,7 @@ CONFIG = {
 
 # A wider variant for MC2 (expert-parallel dispatch), whose operators document hidden
 # sizes from 1024 on Atlas A3: generated on first use into the user's cache
-# (``models.tiny_dsa_wide_path``), not shipped.
+# (``models.tiny_dsa_w8a8_wide_path``), not shipped.
 WIDE_CONFIG = {**CONFIG, "hidden_size": 1024}
 
 # What ModelSlim's W8A8 dynamic recipe quantizes here: attention projections (but

@@ -11,7 +11,7 @@ The sizes depend on this step's routing, so each MoE layer reads ``2 * W`` integ
 from the device once per step (``counting.host_read``: the op counter counts it). That
 breaks the plugin's rule of no host sync in the per-step hot path, which is why the
 dispatcher is never chosen by ``auto``: a user who takes it trades one sync per layer for
-moving each row only where its expert is (vllm-ascend's A2 choice for prefill-sized
+moving each row only where its expert is (vllm-ascend's A3 choice for prefill-sized
 steps; ``benchmarks/moe_exchange_bytes.py``). It cannot run inside a captured graph (the
 sizes must be known when the call is issued): the decode graphs are off whenever an EP
 exchange exists (TP x DP > 1, ``platform/graph_mode``).

@@ -177,9 +177,11 @@ def routed_experts_w8a8_fused(x: torch.Tensor, weights: torch.Tensor | None, ids
 # ``ends``: the running row counts per local expert (expert ``j`` over rows
 # ``[ends[j-1], ends[j])``), as ``npu_moe_distribute_dispatch_v2`` returns them. The rows
 # past ``ends[-1]`` are the dispatch buffer's unfilled tail: computed or not, never read.
+# Each takes ``(rows, row_scales, ends, out_dtype)``: float rows (``row_scales`` None), or
+# int8 rows with their per-row scales (the dispatch's dynamic quantization, W8A8 experts).
 
-def grouped_ffn(rows: torch.Tensor, ends: torch.Tensor, w13: torch.Tensor,
-                w2: torch.Tensor) -> torch.Tensor:
+def grouped_ffn(rows: torch.Tensor, row_scales: None, ends: torch.Tensor,
+                out_dtype: torch.dtype, *, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """``FFN_j`` (``routed_experts``'s) over each expert's rows, in row order."""
     with groups_may_end_early():
         gate_up = npu_grouped_matmul([rows], [w13], group_list=ends, split_item=2,
@@ -188,23 +190,26 @@ def grouped_ffn(rows: torch.Tensor, ends: torch.Tensor, w13: torch.Tensor,
                                   group_type=0, group_list_type=0)[0]
 
 
-def grouped_ffn_w8a8(rows: torch.Tensor, ends: torch.Tensor, w13: torch.Tensor,
-                     w13_scale: torch.Tensor, w2: torch.Tensor,
-                     w2_scale: torch.Tensor) -> torch.Tensor:
-    """``grouped_ffn`` with int8 experts (``routed_experts_w8a8``'s calls and roundings)."""
+def grouped_ffn_w8a8(rows: torch.Tensor, row_scales: torch.Tensor, ends: torch.Tensor,
+                     out_dtype: torch.dtype, *, w13: torch.Tensor, w13_scale: torch.Tensor,
+                     w2: torch.Tensor, w2_scale: torch.Tensor) -> torch.Tensor:
+    """``grouped_ffn`` with int8 experts over int8 rows (``routed_experts_w8a8``'s
+    roundings: the first GEMM scales by the rows' own scales, the SwiGLU output is
+    quantized per row before the second)."""
     with groups_may_end_early():
-        gate_up = _quantized_gmm(rows, w13, w13_scale, ends, rows.dtype, list_type=0)
-        return _quantized_gmm(npu_swiglu(gate_up), w2, w2_scale, ends, rows.dtype, list_type=0)
+        gate_up = npu_grouped_matmul([rows], [w13], scale=[w13_scale], per_token_scale=[row_scales],
+                                     group_list=ends, split_item=2, group_type=0,
+                                     group_list_type=0, output_dtype=DTYPE_ENUM[out_dtype])[0]
+        return _quantized_gmm(npu_swiglu(gate_up), w2, w2_scale, ends, out_dtype, list_type=0)
 
 
-def grouped_ffn_w8a8_fused(rows: torch.Tensor, ends: torch.Tensor, w13: torch.Tensor,
-                           w13_scale: torch.Tensor, w2: torch.Tensor,
-                           w2_scale: torch.Tensor) -> torch.Tensor:
+def grouped_ffn_w8a8_fused(rows: torch.Tensor, row_scales: torch.Tensor, ends: torch.Tensor,
+                           out_dtype: torch.dtype, *, w13: torch.Tensor, w13_scale: torch.Tensor,
+                           w2: torch.Tensor, w2_scale: torch.Tensor) -> torch.Tensor:
     """``grouped_ffn_w8a8`` with ``routed_experts_w8a8_fused``'s fused first GEMM (``w13``
-    FRACTAL_NZ): the rows quantized per row, then three calls."""
+    FRACTAL_NZ): two calls, vllm-ascend's MC2 W8A8 sequence."""
     with groups_may_end_early():
-        q, row_scale = npu_dynamic_quant(rows)
-        act, act_scale, _ = npu_grouped_matmul_swiglu_quant(q, w13, ends, w13_scale, row_scale)
+        act, act_scale, _ = npu_grouped_matmul_swiglu_quant(rows, w13, ends, w13_scale, row_scales)
         return npu_grouped_matmul([act], [w2], scale=[w2_scale], per_token_scale=[act_scale],
                                   group_list=ends, split_item=2, group_type=0, group_list_type=0,
-                                  output_dtype=DTYPE_ENUM[rows.dtype])[0]
+                                  output_dtype=DTYPE_ENUM[out_dtype])[0]

@@ -13,9 +13,9 @@ dispatch filled); the combine sends the rows back and sums each token's ``k`` ro
 weighted by its routing weights. The output is the token's whole routed-expert sum:
 vLLM's runner then skips its own exchange for this layer (``supports_internal_mk``) and
 adds the shared experts. No host read: the buffers' sizes come from ``global_bs``, a
-constant of the engine. W8A8 experts receive the rows in the activations' dtype and
-quantize them per row, as on one rank (the dispatch's int8 mode, half the bytes on the
-wire, is not used).
+constant of the engine. For W8A8 experts the dispatch quantizes each token to int8 once,
+per token, before sending it (``quant_mode`` 2: half the bytes on the wire, the scales
+beside the rows), as the layer's routing does on one rank.
 
 The gate (``mc2_plan``, pure, decided once per layer when its weights are loaded, so every
 rank takes the same route; the operators are collectives) takes MC2 when:
@@ -115,12 +115,12 @@ def declined(f: Mc2Facts) -> list[str]:
     if f.dtype not in HALF:
         why.append(f"activations in {str(f.dtype).removeprefix('torch.')}; the operators "
                    "take bfloat16 / float16")
-    why += outside(f.family, hidden=f.hidden, bs=step_tokens(f), top_k=f.top_k,
+    why += outside(f.family, hidden=f.hidden, bs=buffer_tokens(f), top_k=f.top_k,
                    experts=f.experts, ep_world_size=f.ep_world_size)
     return why
 
 
-def step_tokens(f: Mc2Facts) -> int:
+def buffer_tokens(f: Mc2Facts) -> int:
     """The tokens per rank MC2's buffers are sized for: the layer's ``capacity``, at most
     the operators' documented bound on the SoC (larger steps take another exchange)."""
     bound = max_tokens(f.family)
@@ -137,22 +137,23 @@ def mc2_plan(f: Mc2Facts, group_name) -> Mc2Plan | None:
                          + "; ".join(why) + " (use 'auto' or 'allgather')")
     if why:
         return None
-    tokens = step_tokens(f)
+    tokens = buffer_tokens(f)
     return Mc2Plan(group_name(), f.ep_world_size, f.ep_rank, f.experts,
                    tokens * f.ep_world_size, every_step=tokens >= f.capacity)
 
 
 def routed_experts_mc2(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                       ffn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                       plan: Mc2Plan) -> torch.Tensor:
+                       ffn: Callable[..., torch.Tensor], plan: Mc2Plan,
+                       int8_rows: bool = False) -> torch.Tensor:
     """``sum_k weights[t, k] * FFN_{ids[t, k]}(x[t])`` over every rank's experts, for this
-    rank's tokens ``x [T, H]`` (at most ``plan.tokens``). ``ffn(rows, ends)`` computes this
-    rank's ``L`` experts over rows grouped by expert, expert ``j`` over rows
-    ``[ends[j-1], ends[j])`` (``experts.grouped_ffn*``)."""
+    rank's tokens ``x [T, H]`` (at most ``plan.tokens``). ``ffn(rows, row_scales, ends,
+    out_dtype)`` computes this rank's ``L`` experts over rows grouped by expert, expert
+    ``j`` over rows ``[ends[j-1], ends[j])`` (``experts.grouped_ffn*``); ``int8_rows``: the
+    dispatch quantizes each token per row first (``quant_mode`` 2, W8A8 experts)."""
     common = dict(group_ep=plan.group, ep_world_size=plan.world, ep_rank_id=plan.rank,
                   moe_expert_num=plan.experts, global_bs=plan.global_bs)
-    rows, _, assist, ends, recv_counts, tp_counts, _ = npu_moe_distribute_dispatch_v2(
-        x, ids, expert_token_nums_type=0, quant_mode=0, **common)
-    down = ffn(rows, ends)
+    rows, row_scales, assist, ends, recv_counts, tp_counts, _ = npu_moe_distribute_dispatch_v2(
+        x, ids, expert_token_nums_type=0, quant_mode=2 if int8_rows else 0, **common)
+    down = ffn(rows, row_scales if int8_rows else None, ends, x.dtype)
     return npu_moe_distribute_combine_v2(down, ids, assist, recv_counts, weights.float(),
                                          tp_send_counts=tp_counts, **common)

@@ -176,13 +176,15 @@ def moe_library() -> torch.library.Library:
 class MonolithicEntry:
     """What the plugin's MoE methods share: vLLM hands them router logits (monolithic);
     they route with the plan made when the layer was built, entering through the opaque
-    op where vLLM would trace them; ``compute`` is each method's own."""
+    op where vLLM would trace them; ``compute`` is shared, each method gives its experts
+    (``local_experts``, ``grouped_experts``)."""
 
     plan: RoutingPlan | None = None
     shard: ExpertShard | None = None
     mc2: Mc2Plan | None = None       # the MC2 dispatcher's plan (moe/mc2.py)
     a2a: AllToAllPlan | None = None  # the all-to-all dispatcher's (moe/alltoall.py)
     sequence_parallel = False        # the MoE runs sequence-parallel (its exchange's argument)
+    int8_rows = False                # the experts take MC2's rows quantized (W8A8)
     opaque_entry = False
 
     def plan_layer(self, layer) -> None:
@@ -234,7 +236,8 @@ class MonolithicEntry:
                                                                  self.sequence_parallel)
         weights, ids = self.routed(layer, router_logits)
         if route == MC2:
-            return routed_experts_mc2(x, weights, ids, self.grouped_experts(layer), self.mc2)
+            return routed_experts_mc2(x, weights, ids, self.grouped_experts(layer), self.mc2,
+                                      int8_rows=self.int8_rows)
         if route == ALLTOALL:
             return routed_experts_alltoall(
                 x, weights, ids, self.a2a,
@@ -250,7 +253,8 @@ class MonolithicEntry:
         raise NotImplementedError
 
     def grouped_experts(self, layer):
-        """``ffn(rows, ends)``: this rank's experts over rows grouped by expert (MC2's)."""
+        """``ffn(rows, row_scales, ends, out_dtype)``: this rank's experts over rows grouped
+        by expert (MC2's; ``experts.grouped_ffn*``)."""
         raise NotImplementedError
 
     def init_entry(self) -> None:

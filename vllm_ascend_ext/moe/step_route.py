@@ -30,8 +30,9 @@ LOCAL, MC2, ALLTOALL, ALLGATHER = "local", "mc2", "alltoall", "allgather"
 def step_route(mc2: Mc2Plan | None, alltoall: bool, tokens: Callable[[], int]) -> str:
     """The step's exchange for a layer planned with ``mc2`` (or ``None``) and, when
     ``alltoall``, an all-to-all plan. ``tokens()`` (the most tokens any EP rank brings to
-    the step) is asked only for a step-sized MC2 plan."""
-    if mc2 is not None and (mc2.every_step or tokens() <= mc2.tokens):
+    the step) is asked whenever there is an MC2 plan: a plan for every step still never
+    hands the operators more than its buffers hold."""
+    if mc2 is not None and tokens() <= mc2.tokens:
         return MC2
     if alltoall:
         return ALLTOALL

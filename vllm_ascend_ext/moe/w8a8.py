@@ -35,6 +35,8 @@ from vllm_ascend_ext.quantization.weight_format import current_quantized_weight_
 
 
 class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
+    int8_rows = True      # MC2 quantizes each token before sending it (quant_mode 2)
+
     def __init__(self, moe, prefix: str, *, dummy_loading: bool = False) -> None:
         super().__init__(moe)
         self.prefix = prefix
@@ -83,8 +85,8 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
         self.fused_experts = npu_format(layer.w13_weight) == ACL_FORMAT_FRACTAL_NZ
         self.place_shard(layer.w13_weight)
 
-    # The all-to-all and MC2 dispatchers deliver the rows in the activations' dtype: the
-    # experts quantize them here, per row, as on one rank.
+    # The all-to-all dispatcher delivers the rows in the activations' dtype: the experts
+    # quantize them here, per row, as on one rank.
     def local_experts(self, layer, x, weights, ids, shard):
         run = (experts.routed_experts_w8a8_fused if self.fused_experts
                else experts.routed_experts_w8a8)

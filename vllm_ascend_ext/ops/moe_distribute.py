@@ -21,7 +21,10 @@ torch_npu-npu_moe_distribute_dispatch_v2.md`` / ``..._combine_v2.md``; the 2.13 
   ``[W*L]`` (A3) carry what the combine needs; the documentation says their values may
   differ across products and versions and that nothing but the combine may depend on them
   (the reference: per row ``(source rank, token, k)``, and running sums of rows per
-  (local expert, source rank)). ``quant_mode`` 0 only (no per-token int8), no TP domain
+  (local expert, source rank)). ``quant_mode`` 0, or 2 ("动态量化"): each token quantized
+  to int8 once before it is sent, per token and symmetric as ``npu_dynamic_quant``, the
+  rows arriving int8 with their tokens' scales in ``dynamic_scales [A]`` fp32 (NaN past
+  the received rows); no smoothing ``scales``. No TP domain
   (``tp_world_size`` 0/1: ``tp_recv_counts`` is empty), no shared-expert ranks, no
   ``x_active_mask`` / ``expert_scales`` / ``elastic_info`` / special experts: refused.
 - ``npu_moe_distribute_combine_v2(expand_x [A, H], expert_ids, assist_info_for_combine,
@@ -47,6 +50,7 @@ import torch.distributed as dist
 from vllm_ascend_ext.ops._dispatch import torch_npu_module
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.op_record import NpuOp
+from vllm_ascend_ext.ops.quant import dynamic_quant_reference
 
 DISPATCH_OP, COMBINE_OP = "npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2"
 ASSIST_ROW = 128          # assist_info_for_combine holds A * 128 entries
@@ -118,8 +122,9 @@ def _check_dispatch(x, expert_ids, ep_world_size, ep_rank_id, moe_expert_num, kw
     if x.dim() != 2 or x.shape[0] != expert_ids.shape[0]:
         raise ValueError(f"{DISPATCH_OP}: x [BS, H] and expert_ids [BS, K] required, got "
                          f"{tuple(x.shape)} and {tuple(expert_ids.shape)}")
-    if kw["quant_mode"] != 0:
-        raise NotImplementedError(f"{DISPATCH_OP}: quant_mode {kw['quant_mode']} not emulated (0 only)")
+    if kw["quant_mode"] not in (0, 2):
+        raise NotImplementedError(f"{DISPATCH_OP}: quant_mode {kw['quant_mode']} not emulated "
+                                  "(0, or 2: dynamic per-token int8)")
     if kw["expert_token_nums_type"] not in (0, 1):
         raise ValueError(f"{DISPATCH_OP}: expert_token_nums_type must be 0 or 1")
     _unsupported(DISPATCH_OP, scales=kw["scales"], x_active_mask=kw["x_active_mask"],
@@ -151,20 +156,31 @@ def dispatch_v2_reference(x, expert_ids, group_ep, ep_world_size, ep_rank_id, mo
         raise ValueError(f"{DISPATCH_OP}: group {group_ep!r} has {dist.get_world_size(group)} "
                          f"ranks (this one {dist.get_rank(group)}); the call says "
                          f"ep_world_size={ep_world_size}, ep_rank_id={ep_rank_id}")
+    quantized = kw["quant_mode"] == 2
+    if quantized:      # each token quantized once, before it is sent: int8 and its scale
+        x, token_scale = dynamic_quant_reference(x)
+        scale_parts = _gather(token_scale, max_bs, group, float("nan"))
     xs = _gather(x, max_bs, group, 0)
     ids = _gather(expert_ids, max_bs, group, -1)
     first = ep_rank_id * local
-    rows, info, per_pair = [], [], torch.zeros(local, ep_world_size, dtype=torch.int64)
+    rows, scales, info = [], [], []
+    per_pair = torch.zeros(local, ep_world_size, dtype=torch.int64)
     for e in range(local):                                  # (local expert, source rank)
         for src in range(ep_world_size):
             token, kk = torch.nonzero(ids[src] == first + e, as_tuple=True)
             rows.append(xs[src][token])
+            if quantized:
+                scales.append(scale_parts[src][token])
             info.append(torch.stack([torch.full_like(token, src), token, kk], 1))
             per_pair[e, src] = token.numel()
     received = torch.cat(rows)
     fill = float("nan") if x.dtype.is_floating_point else 0
     expand_x = x.new_full((a, x.shape[1]), fill)
     expand_x[:received.shape[0]] = received
+    dynamic_scales = torch.full((a,), float("nan") if quantized else 0.0, dtype=torch.float32,
+                                device=x.device)
+    if quantized:
+        dynamic_scales[:received.shape[0]] = torch.cat(scales)
     assist = torch.full((max(bs * k, a * ASSIST_ROW),), -1, dtype=torch.int32, device=x.device)
     flat = torch.cat(info).reshape(-1).to(torch.int32)
     assist[:flat.numel()] = flat
@@ -172,7 +188,7 @@ def dispatch_v2_reference(x, expert_ids, group_ep, ep_world_size, ep_rank_id, mo
     if kw["expert_token_nums_type"] == 0:
         counts = counts.cumsum(0)
     ep_recv_counts = per_pair.reshape(-1).cumsum(0).to(torch.int32)
-    return (expand_x, torch.zeros(a, dtype=torch.float32, device=x.device), assist,
+    return (expand_x, dynamic_scales, assist,
             counts.to(device=x.device), ep_recv_counts.to(device=x.device),
             torch.empty(kw["tp_world_size"], dtype=torch.int32, device=x.device),
             torch.empty(0, dtype=torch.float32, device=x.device))
@@ -184,7 +200,9 @@ def dispatch_v2_meta(x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_exp
     local = _check_dispatch(x, expert_ids, ep_world_size, ep_rank_id, moe_expert_num, kw)
     bs, k = expert_ids.shape
     _, a = _sizes(bs, k, local, ep_world_size, kw["global_bs"])
-    return (x.new_empty((a, x.shape[1])), x.new_empty((a,), dtype=torch.float32),
+    rows_dtype = torch.int8 if kw["quant_mode"] == 2 else x.dtype
+    return (x.new_empty((a, x.shape[1]), dtype=rows_dtype),
+            x.new_empty((a,), dtype=torch.float32),
             x.new_empty((max(bs * k, a * ASSIST_ROW),), dtype=torch.int32),
             x.new_empty((local,), dtype=torch.int64),
             x.new_empty((ep_world_size * local,), dtype=torch.int32),
