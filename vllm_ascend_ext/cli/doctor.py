@@ -209,7 +209,7 @@ def _ep_dispatchers() -> dict:
                        "reduce-scatter (all-to-all where moe_dispatch asks for it)")
     out["setting"] = ("ascend_ext.moe_dispatch: auto | allgather | mc2 | alltoall; alltoall "
                       "(any SoC) is opt-in: its split sizes are one host read per MoE layer "
-                      "and step")
+                      "and step; it takes the steps MC2 does not")
     return out
 
 

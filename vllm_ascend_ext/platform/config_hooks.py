@@ -69,8 +69,9 @@ _EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
 def refuse_forced_dispatch(vllm_config, family: str) -> None:
     """``ascend_ext.moe_dispatch: "mc2"`` or ``"alltoall"`` refused before any weight loads
     when the configuration already rules the route out (``moe/mc2.declined`` /
-    ``moe/alltoall.declined`` on what the config says: the SoC, DP/EP, dtype, the step
-    budget, the model's hidden size, experts and top-k); the MoE layers decide again, with
+    ``moe/alltoall.declined`` on what the config says: the SoC, DP/EP, dtype, the model's
+    hidden size, experts and top-k; a step budget above MC2's tokens per rank is no reason:
+    the larger steps take another exchange); the MoE layers decide again, with
     their own sizes, when they are built."""
     from vllm_ascend_ext.moe import alltoall
     from vllm_ascend_ext.moe.mc2 import Mc2Facts, Mc2Refused, declined
