@@ -7,7 +7,7 @@ engine each, meeting in the MoE layers), and print one JSON line of results.
                                [--max-num-batched-tokens T]
                                [--moe-dispatch auto|allgather|mc2|alltoall]
                                [--mc2-rotate-experts] [--a2a-roll-placement] [--mtp K]
-                               [--long-prompt N]
+                               [--long-prompt N] [--graphs [--skip-graph-collectives]]
 
 The prompts are split unevenly (rank 0 takes most of them, and rank 1's finish early), so
 the idle rank runs vLLM's dummy batches while the other still decodes. ``--dp 1`` runs
@@ -23,6 +23,8 @@ expert maps rolled by one rank, so rows reach a rank holding other experts. With
 ``--moe-dispatch alltoall`` each worker counts the dispatcher's host reads.
 ``--long-prompt N`` adds a prompt of ``N`` token ids (rank 0's, in one step with a large
 enough ``--max-num-batched-tokens``): a prefill-sized step beside the decode-sized ones.
+``--graphs`` starts without ``--enforce-eager`` (decode graphs); its control
+``--skip-graph-collectives`` replays them without their captured collectives.
 ``--mtp K``: MTP speculation with K drafts (the checkpoint's MTP layer, whose MoE layer
 meets the other ranks' in every draft step, dummy ones included); ``--oracle FILE RATE``:
 the e2e harness's draft oracle (``spec_harness.py``) in every worker, FILE a ``--dp 1``
@@ -93,6 +95,27 @@ if os.environ.get(ROTATE) == "1":          # in the worker processes, imported b
 
         _rotated.rotated = True
         _mc2_method.routed_experts_mc2 = _rotated
+
+
+SKIP_GRAPH_COLLECTIVES = "RUN_DP_SKIP_GRAPH_COLLECTIVES"
+if os.environ.get(SKIP_GRAPH_COLLECTIVES) == "1":     # in the workers: the graphs' control
+    from vllm_ascend_ext.worker import cpu_npu_graph as _graphs_mod
+
+    if not hasattr(_graphs_mod.CpuGraph.replay, "skipping"):
+        _replay_of = _graphs_mod.CpuGraph.replay
+
+        def _replay_without_collectives(self):
+            """Replays keep the capture's collectives out (each rank its own values)."""
+            items = self._items
+            self._items = [i for i in items if not (isinstance(i, _graphs_mod._Call)
+                                                    and _graphs_mod.is_collective(i.func))]
+            try:
+                _replay_of(self)
+            finally:
+                self._items = items
+
+        _replay_without_collectives.skipping = True
+        _graphs_mod.CpuGraph.replay = _replay_without_collectives
 
 
 A2A_ROLL = "RUN_DP_A2A_ROLL_PLACEMENT"
@@ -182,7 +205,8 @@ def worker_options(args: dict) -> dict:
         args["a2a_count_host_reads"] = True
     for flag, env in (("drop_combine_sum", DROP), ("swap_expert_shard", SWAP),
                       ("drop_all_reduce", DROP_ALL_REDUCE), ("mc2_rotate_experts", ROTATE),
-                      ("a2a_roll_placement", A2A_ROLL), ("a2a_count_host_reads", A2A_READS)):
+                      ("a2a_roll_placement", A2A_ROLL), ("a2a_count_host_reads", A2A_READS),
+                      ("skip_graph_collectives", SKIP_GRAPH_COLLECTIVES)):
         if args.get(flag):
             os.environ[env] = "1"
             extra["worker_extension_cls"] = "run_dp.WorkerExtension"
@@ -225,7 +249,7 @@ VISIBLE_ENV = "ASCEND_RT_VISIBLE_DEVICES"
 def _facts(wrapper) -> dict:
     """One rank's worker, runner, device runtime, ranks and group communicators (run
     through ``collective_rpc``; run_tp.py reports the same)."""
-    from vllm.distributed.parallel_state import get_dp_group, get_ep_group, get_tp_group
+    from vllm.distributed.parallel_state import get_dp_group, get_tp_group
 
     from vllm_ascend_ext.contract import mode
     from vllm_ascend_ext.worker import npu_device
@@ -250,12 +274,31 @@ def _facts(wrapper) -> dict:
             "dp_rank": get_dp_group().rank_in_group, "tp_rank": get_tp_group().rank_in_group,
             "device_index": getattr(worker, "device_index", None), "visible_devices": os.environ.get(VISIBLE_ENV),
             "tp_communicator": type(get_tp_group().device_communicator).__name__,
-            "ep_communicator": type(get_ep_group().device_communicator).__name__,
+            "ep_communicator": _ep_communicator(),
+            "graphs": _graphs(worker.model_runner.model),
             "expert_shard": _first_shard(worker.model_runner.model),
             "mc2_layers": _mc2_layers(worker.model_runner.model),
             "a2a_layers": sum(getattr(m, "a2a", None) is not None
                               for m in _moe_methods(worker.model_runner.model)),
             "a2a_host_reads": _a2a_host_reads()}
+
+
+def _ep_communicator() -> str | None:
+    """The EP group's communicator class (None for a model without experts: no EP group)."""
+    from vllm.distributed import parallel_state
+
+    group = getattr(parallel_state, "_EP", None)
+    return None if group is None else type(group.device_communicator).__name__
+
+
+def _graphs(model) -> dict:
+    """This rank's decode graphs: how many were captured, replayed, and the collectives
+    (c10d calls) the captured graphs hold."""
+    entries = getattr(model, "concrete_cudagraph_entries", {}) or {}
+    graphs = [e.cudagraph for e in entries.values() if e.cudagraph is not None]
+    return {"captured": len(graphs), "replays": sum(getattr(g, "replays", 0) for g in graphs),
+            "collectives": sorted({name for g in graphs for name in g.collectives()}),
+            "collectives_per_graph": sorted({len(g.collectives()) for g in graphs})}
 
 
 def _moe_methods(model) -> list:
@@ -290,6 +333,7 @@ def main() -> None:
     ap.add_argument("--mtp", type=int, default=0)
     ap.add_argument("--long-prompt", type=int, default=0, help="one more prompt of N tokens")
     ap.add_argument("--graphs", action="store_true", help="no --enforce-eager")
+    ap.add_argument("--skip-graph-collectives", action="store_true")
     ap.add_argument("--oracle", nargs=2, metavar=("PLAIN_RESULT", "RATE"))
     args = vars(ap.parse_args())
     with socket.socket() as s:

@@ -335,6 +335,20 @@ def test_each_step_takes_mc2_up_to_the_plans_tokens_then_all_to_all_or_all_gathe
         assert step_route(sized, alltoall, lambda t=tokens: t) == want, (tokens, alltoall)
 
 
+def test_a_graph_step_never_takes_the_all_to_all():
+    """A step captured into a decode graph cannot hold the all-to-all's host-read sizes:
+    it takes MC2 where the plan covers it, else the all-gather (sizes vLLM pads alike on
+    every DP rank); eager steps are unchanged."""
+    sized = mc2_plan(_facts(capacity=4096), lambda: "g")
+    never = lambda: pytest.fail("asked for the step's tokens")     # noqa: E731
+    assert step_route(None, True, never, graph=True) == ALLGATHER
+    assert step_route(None, True, never, graph=False) == ALLTOALL
+    assert step_route(None, False, never, graph=True) == LOCAL
+    assert step_route(sized, True, lambda: 8, graph=True) == MC2
+    assert step_route(sized, True, lambda: 513, graph=True) == ALLGATHER
+    assert step_route(sized, True, lambda: 513, graph=False) == ALLTOALL
+
+
 def test_moe_dispatch_mc2_refuses_naming_every_reason():
     with pytest.raises(Mc2Refused, match=r"'mc2' but MC2 cannot run here: .*float32.*"
                                          r"hidden size 128"):

@@ -61,21 +61,25 @@ def test_graph_mode_decision(requested, eager, sparse, mode, needle):
     assert got == mode and needle in why
 
 
-@pytest.mark.parametrize("sizes", [dict(pipeline_parallel_size=2),
-                                   dict(tensor_parallel_size=2),
-                                   dict(data_parallel_size=2)], ids=["pp2", "tp2", "dp2"])
-def test_tensor_pipeline_or_data_parallel_runs_are_eager(sizes):
-    got, why = decide_graph_mode(CUDAGraphMode.FULL_AND_PIECEWISE, enforce_eager=False,
-                                 sparse=False, parallel_ranks=2)
-    assert got == CUDAGraphMode.NONE and "CUDA/XPU communicators" in why
+@pytest.mark.parametrize("sizes", [dict(tensor_parallel_size=2), dict(data_parallel_size=2),
+                                   dict(tensor_parallel_size=2, data_parallel_size=2)],
+                         ids=["tp2", "dp2", "dp2xtp2"])
+def test_tensor_and_data_parallel_runs_keep_decode_graphs(sizes):
+    """The plugin's communicator passes vLLM's graph-capture context (its collectives are
+    captured like any kernel), so TP and DP keep decode graphs."""
     config = _config(CUDAGraphMode.FULL_AND_PIECEWISE, **sizes)
+    got, _ = apply_graph_mode(config, sparse=False)
+    assert got == config.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+
+
+def test_pipeline_parallel_runs_are_eager():
+    got, why = decide_graph_mode(CUDAGraphMode.FULL_AND_PIECEWISE, enforce_eager=False,
+                                 sparse=False, pipeline_stages=2)
+    assert got == CUDAGraphMode.NONE and "pipeline stages" in why
+    config = _config(CUDAGraphMode.FULL_AND_PIECEWISE, pipeline_parallel_size=2)
     apply_graph_mode(config, sparse=False)
     assert config.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
     assert config.compilation_config.cudagraph_capture_sizes == []
-    # one rank of each: graphs stay on (the decision reads the product of the sizes)
-    one = _config(CUDAGraphMode.FULL_AND_PIECEWISE, data_parallel_size=1)
-    apply_graph_mode(one, sparse=False)
-    assert one.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
 
 
 @pytest.mark.parametrize("dp,tp,ep,compiled", [(1, 1, False, True), (2, 1, False, False),

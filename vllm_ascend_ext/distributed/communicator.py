@@ -24,7 +24,18 @@ model would be wrong on it. This class adds them:
 The collectives are torch.distributed calls on the group vLLM built with the platform's
 ``dist_backend`` ("hccl" on the NPU platform, gloo on the emulated one): one class, one
 code path. What awaits hardware: HCCL's behaviour under these calls (they are the ones
-vLLM's CUDA path makes through NCCL) and graph capture of them (docs/distributed.md).
+vLLM's CUDA path makes through NCCL) and HCCL's collectives inside a captured aclgraph
+(docs/distributed.md).
+
+Graph capture. vLLM 0.32's ``GroupCoordinator.graph_capture`` (entered for the TP, PP and
+DP groups around every decode-graph capture) accepts only its CUDA and XPU communicators,
+and from them it needs one thing: ``ca_comm``, a custom all-reduce with its own capture
+context, None on XPU. The NPU has no such all-reduce: an HCCL collective issued on the
+capturing stream is recorded into the aclgraph like any other kernel and replayed on the
+same buffers. So this class derives from vLLM's ``XpuCommunicator`` (the communicator
+whose capture needs nothing) and defines every method that class defines, each with the
+base class's or its own semantics: nothing of XPU's runs here
+(``tests/ut/test_communicator.py`` holds that against vLLM's class).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import torch.distributed as dist
 from vllm.distributed.device_communicators.base_device_communicator import (
     DeviceCommunicatorBase,
 )
+from vllm.distributed.device_communicators.xpu_communicator import XpuCommunicator
 
 NAME = "vllm_ascend_ext.distributed.communicator.AscendCommunicator"
 
@@ -45,15 +57,35 @@ def _check_sizes(sizes: list[int] | None, world_size: int, what: str) -> list[in
     return [int(s) for s in sizes]
 
 
-class AscendCommunicator(DeviceCommunicatorBase):
+class AscendCommunicator(XpuCommunicator):
+    """See the module docstring (why the XPU class is the base: graph capture only)."""
+
     def __init__(self, cpu_group, device: torch.device | None = None, device_group=None,
                  unique_name: str = "", use_all2all: bool = False, **kwargs) -> None:
-        super().__init__(cpu_group, device, device_group, unique_name,
-                         use_all2all=use_all2all, **kwargs)
+        DeviceCommunicatorBase.__init__(self, cpu_group, device, device_group, unique_name,
+                                        use_all2all=use_all2all, **kwargs)
+        # What vLLM's graph_capture reads: no custom all-reduce with a capture context
+        self.ca_comm = None
         if self.use_all2all:
             from vllm.distributed.device_communicators.all2all import AgRsAll2AllManager
 
             self.all2all_manager = AgRsAll2AllManager(self.cpu_group)
+
+    # -- the base class's collectives (XpuCommunicator redefines them for XPU) ----------
+    def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
+        return DeviceCommunicatorBase.all_reduce(self, input_)
+
+    def reduce_scatter(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return DeviceCommunicatorBase.reduce_scatter(self, input_, dim)
+
+    def gather(self, input_: torch.Tensor, dst: int = 0, dim: int = -1):
+        return DeviceCommunicatorBase.gather(self, input_, dst, dim)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        return DeviceCommunicatorBase.broadcast(self, tensor, src)
+
+    def _fixed_rank_sum(self, input_: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("XPU's batch-invariant all-reduce: not used on the NPU")
 
     # -- variable-size collectives ------------------------------------------------------
     def all_gatherv(self, input_: torch.Tensor | list[torch.Tensor], dim: int = 0,

@@ -137,6 +137,15 @@ def step_tokens() -> int:
     return max(get_forward_context().dp_metadata.get_chunk_sizes_across_dp_rank())
 
 
+def graph_step() -> bool:
+    """Whether this step is captured into a decode graph (vLLM's runtime mode of the step,
+    the same on every DP rank)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import get_forward_context
+
+    return get_forward_context().cudagraph_runtime_mode != CUDAGraphMode.NONE
+
+
 def layer_expert_shard(layer) -> ExpertShard:
     """The experts this rank computes (all of them without expert parallelism)."""
     name = getattr(layer, "layer_name", type(layer).__name__)
@@ -230,8 +239,8 @@ class MonolithicEntry:
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The layer's routed-expert sum for this rank's tokens, through the step's
         exchange (``moe/step_route.py``)."""
-        route = step_route(self.mc2, self.a2a is not None, step_tokens)
-        if route == ALLGATHER:     # a step-sized MC2 layer's larger step
+        route = step_route(self.mc2, self.a2a is not None, step_tokens, graph_step())
+        if route == ALLGATHER:     # a larger step of a step-sized MC2 layer, a graph step
             x, router_logits = ep_group().dispatch_router_logits(x, router_logits,
                                                                  self.sequence_parallel)
         weights, ids = self.routed(layer, router_logits)

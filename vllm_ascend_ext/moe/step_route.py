@@ -14,8 +14,17 @@ plan sized below the engine's step budget is *step-sized*, and each step the lay
   runner runs for a layer with no exchange of its own: the runner skips it for this layer,
   whose method reports one).
 
+A step captured into a decode graph (and so every replay of it) never takes the
+all-to-all: its split sizes are read on the host each step, which a graph cannot hold
+(on an NPU the read fails while the stream captures; a replay would reuse the capture's
+sizes). Such a step takes MC2 when the plan covers it, else the all-gather, whose sizes
+are vLLM's per-rank sizes of the step: padded alike on every DP rank in a graph step,
+so the capture's sizes are every replay's.
+
 Every EP rank decides alike: the token count is vLLM's per-rank sizes of the step, host
-integers each rank holds (no device read); the layer's plan is the same on every rank.
+integers each rank holds (no device read); whether the step is a graph step is vLLM's
+choice, the same on every DP rank (it synchronizes the ranks' graph mode); the layer's
+plan is the same on every rank.
 """
 
 from __future__ import annotations
@@ -27,13 +36,15 @@ from vllm_ascend_ext.moe.mc2 import Mc2Plan
 LOCAL, MC2, ALLTOALL, ALLGATHER = "local", "mc2", "alltoall", "allgather"
 
 
-def step_route(mc2: Mc2Plan | None, alltoall: bool, tokens: Callable[[], int]) -> str:
+def step_route(mc2: Mc2Plan | None, alltoall: bool, tokens: Callable[[], int],
+               graph: bool = False) -> str:
     """The step's exchange for a layer planned with ``mc2`` (or ``None``) and, when
-    ``alltoall``, an all-to-all plan. ``tokens()`` (the most tokens any EP rank brings to
-    the step) is asked whenever there is an MC2 plan: a plan for every step still never
-    hands the operators more than its buffers hold."""
+    ``alltoall``, an all-to-all plan; ``graph``: the step is captured into a decode graph.
+    ``tokens()`` (the most tokens any EP rank brings to the step) is asked whenever there
+    is an MC2 plan: a plan for every step still never hands the operators more than its
+    buffers hold."""
     if mc2 is not None and tokens() <= mc2.tokens:
         return MC2
-    if alltoall:
+    if alltoall and not graph:
         return ALLTOALL
-    return ALLGATHER if mc2 is not None else LOCAL
+    return ALLGATHER if mc2 is not None or alltoall else LOCAL

@@ -10,10 +10,12 @@ default that applies it (``platform/startup.py``) on an NPU and on its CPU stand
 * Piecewise graphs are not offered: they would capture the non-attention pieces of
   prefill steps through code paths nothing here has exercised. Where vLLM itself chose
   PIECEWISE (pooling models, KV connectors that need it), every step runs eager.
-* Tensor, pipeline or data parallel runs are eager: vLLM's graph-capture context enters
-  the TP, PP and DP groups' capture, which accepts only CUDA/XPU communicators
-  (``GroupCoordinator.graph_capture``); the plugin's communicator would fail it when the
-  first graph is captured.
+* Tensor- and data-parallel runs keep decode graphs: their collectives (TP all-reduces,
+  the DP token exchange, MC2) are captured into the graph like any other kernel and
+  replayed on the same buffers (``distributed/communicator.py`` says how the plugin's
+  communicator passes vLLM's graph-capture context). A graph step never takes the MoE
+  all-to-all, whose split sizes are read on the host (``moe/step_route.py``).
+* Pipeline-parallel runs are eager: graphs across pipeline stages are not exercised.
 * SFA models (DeepSeek-V3.2 / GLM-5) run eager: sparse attention's per-step host lists
   have no replay update yet; the SFA builder declares no graph support.
 * ``--enforce-eager`` (or ``cudagraph_mode`` NONE) runs every step eager.
@@ -32,9 +34,9 @@ DECODE_GRAPHS = CUDAGraphMode.FULL_DECODE_ONLY
 
 
 def decide_graph_mode(requested: CUDAGraphMode, *, enforce_eager: bool, sparse: bool,
-                      parallel_ranks: int = 1, hybrid: bool = False) -> tuple[CUDAGraphMode, str]:
+                      pipeline_stages: int = 1, hybrid: bool = False) -> tuple[CUDAGraphMode, str]:
     """(mode the NPU platform runs, why) for vLLM's resolved ``cudagraph_mode``;
-    ``parallel_ranks``: tensor x pipeline x data parallel size."""
+    ``pipeline_stages``: the pipeline-parallel size."""
     if enforce_eager or requested == CUDAGraphMode.NONE:
         return CUDAGraphMode.NONE, "eager: --enforce-eager or cudagraph_mode NONE"
     if sparse:
@@ -47,10 +49,9 @@ def decide_graph_mode(requested: CUDAGraphMode, *, enforce_eager: bool, sparse: 
         return CUDAGraphMode.NONE, ("eager: vLLM chose piecewise graphs (a pooling model or a "
                                     "KV connector that needs them); the NPU platform offers "
                                     "decode graphs only")
-    if parallel_ranks > 1:
-        return CUDAGraphMode.NONE, (f"eager: {parallel_ranks} tensor/pipeline/data-parallel "
-                                    "ranks; vLLM's graph-capture context takes only CUDA/XPU "
-                                    "communicators")
+    if pipeline_stages > 1:
+        return CUDAGraphMode.NONE, (f"eager: {pipeline_stages} pipeline stages (decode graphs "
+                                    "across pipeline stages are not exercised here)")
     why = ("decode steps replay captured NPU graphs with FIA's host lists updated per "
            "replay; prefill and mixed steps run eager")
     if requested != DECODE_GRAPHS:
@@ -65,12 +66,10 @@ def apply_graph_mode(vllm_config, *, sparse: bool,
     comp = vllm_config.compilation_config
     model = vllm_config.model_config
     parallel = vllm_config.parallel_config
-    ranks = (getattr(parallel, "tensor_parallel_size", 1)
-             * getattr(parallel, "pipeline_parallel_size", 1)
-             * getattr(parallel, "data_parallel_size", 1))
     mode, why = decide_graph_mode(comp.cudagraph_mode,
                                   enforce_eager=bool(model and model.enforce_eager),
-                                  sparse=sparse, parallel_ranks=ranks, hybrid=hybrid)
+                                  sparse=sparse, hybrid=hybrid,
+                                  pipeline_stages=getattr(parallel, "pipeline_parallel_size", 1))
     if mode != comp.cudagraph_mode:
         logger.info("ascend_ext: cudagraph_mode %s -> %s: %s", comp.cudagraph_mode.name,
                     mode.name, why)

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from vllm_ascend_ext.ops import _dispatch, counting
@@ -149,6 +150,47 @@ class EventReset:
         self.event.recorded = False
 
 
+COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
+
+
+# Operators of those namespaces that exchange nothing (a wait on a functional result).
+NOT_EXCHANGES = ("_c10d_functional::wait_tensor",)
+
+
+def is_collective(func) -> bool:
+    """A process-group collective (what HCCL records into an aclgraph on an NPU)."""
+    schema = getattr(func, "_schema", None)
+    return (schema is not None and schema.name.split("::")[0] in COLLECTIVE_NAMESPACES
+            and schema.name not in NOT_EXCHANGES)
+
+
+def _wait_collective(func, result) -> None:
+    """A replayed collective completes before the next call reads its buffers, as the
+    captured HCCL task does on the NPU's stream. Gloo runs it on its own thread: its
+    ``Work`` is waited here, and a functional collective's result (whose wait Dynamo
+    issued as ``wait_tensor``, an alias the graph does not record) is waited on."""
+    if not is_collective(func):
+        return
+    for item in tree_flatten(result)[0]:
+        if isinstance(item, torch.ScriptObject):      # c10d's Work, as the dispatcher returns it
+            dist.Work.unbox(item).wait()
+        elif isinstance(item, torch.Tensor):
+            torch.ops._c10d_functional.wait_tensor(item)
+
+
+def _completed(result):
+    """``result`` with each c10d ``Work`` replaced by one already complete: the caller's
+    own wait then issues nothing (gloo's wait would repeat its closing copies, outside
+    the recorded collective)."""
+    if isinstance(result, torch.ScriptObject):
+        done = torch.futures.Future()
+        done.set_result([])
+        return torch._C._distributed_c10d._create_work_from_future(done).boxed()
+    if isinstance(result, (tuple, list)):
+        return type(result)(_completed(r) for r in result)
+    return result
+
+
 def _writes(func) -> bool:
     """Whether the op mutates an argument (in place, ``out=``), from its schema."""
     return any(a.alias_info is not None and a.alias_info.is_write
@@ -190,8 +232,6 @@ def as_kernel(impl):
 
 
 def _kernel_call(recorder, impl, *args, **kwargs):
-    from torch.utils._python_dispatch import _disable_current_modes
-
     with _disable_current_modes():
         out = impl(*args, **kwargs)
     inputs = frozenset(_storages((args, kwargs)))
@@ -232,6 +272,8 @@ class _Recorder(TorchDispatchMode):
         if impl is not None:
             with self:   # the op's Python, its kernels recorded
                 return impl(*args, **kwargs)
+        if is_collective(func):
+            return self._collective(func, args, kwargs)
         out = func(*args, **kwargs)
         if func in NO_DATA:
             return out
@@ -245,6 +287,19 @@ class _Recorder(TorchDispatchMode):
         inputs = inputs if writes else frozenset()
         self.sink.append(_Call(func, args, kwargs, _fresh(out, inputs), inputs))
         return out
+
+
+    def _collective(self, func, args, kwargs):
+        """One collective, one recorded kernel (an HCCL task in an aclgraph): it completes
+        here, unrecorded inside (gloo finishes some collectives with copies of its own, on
+        the caller's thread, when waited), and its output arguments, which c10d's schemas
+        do not mark as written, are rewritten by its re-run at replay."""
+        with _disable_current_modes():
+            out = func(*args, **kwargs)
+            _wait_collective(func, out)
+        inputs = frozenset(_storages((args, kwargs)))
+        self.sink.append(_Call(func, args, kwargs, _fresh(out, inputs), inputs))
+        return _completed(out)
 
 
 class CpuGraph:
@@ -291,7 +346,12 @@ class CpuGraph:
                 item.run()
                 continue
             for call in (item.calls if isinstance(item, TaskHandle) else (item,)):
-                result = call.func(*call.args, **call.kwargs)
+                if is_collective(call.func):
+                    with _disable_current_modes():    # its own copies stay its own
+                        result = call.func(*call.args, **call.kwargs)
+                        _wait_collective(call.func, result)
+                else:
+                    result = call.func(*call.args, **call.kwargs)
                 if call.copy_into:
                     for dst, src in zip(call.copy_into, _fresh(result, call.inputs)):
                         dst.copy_(src)
@@ -306,6 +366,18 @@ class CpuGraph:
     def num_calls(self) -> int:
         return sum(len(i.calls) if isinstance(i, TaskHandle) else isinstance(i, _Call)
                    for i in self._items)
+
+    def collectives(self) -> list[str]:
+        """The recorded collective calls (``c10d`` / ``_c10d_functional`` operators), by
+        operator name, in issue order."""
+        return [c.func._schema.name for c in self._calls() if is_collective(c.func)]
+
+    def _calls(self):
+        for item in self._items:
+            if isinstance(item, TaskHandle):
+                yield from item.calls
+            elif isinstance(item, _Call):
+                yield item
 
     def tasks(self) -> list[TaskHandle]:
         return [i for i in self._items if isinstance(i, TaskHandle)]
