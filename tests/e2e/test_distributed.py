@@ -89,9 +89,10 @@ def test_dp2_moe_equals_one_engine(reference, model, tp, ep):
     expert parallelism over the four ranks: vLLM runs the MoE layers sequence-parallel
     (each TP rank takes half its engine's tokens, the EP group exchanges the halves, the
     model all-gathers over TP), each rank computing 2 of the 8 experts. The Qwen MoE DP2
-    run starts as a user's would, without --enforce-eager: the platform runs it eager (the
-    DP group's graph capture takes only CUDA/XPU communicators) and, emulated, uncompiled
-    (vLLM traces a CPU platform's MoE layers with their exchange)."""
+    run starts as a user's would, without --enforce-eager: decode steps replay graphs on
+    both ranks (the idle rank's dummy batches too), each holding its MoE layers' exchange
+    (two all-gathers, one reduce-scatter per layer), and the model runs, emulated,
+    uncompiled (vLLM traces a CPU platform's MoE layers with their exchange)."""
     one = reference(model)
     default = model == "qwen-moe" and tp == 1
     two = run_script("run_dp.py", "--dp", "2", "--tp", str(tp), "--model", model,
@@ -99,7 +100,14 @@ def test_dp2_moe_equals_one_engine(reference, model, tp, ep):
                      emulate=True)
     if default:
         assert {(r["cudagraph_mode"], r["compilation_mode"]) for r in two["ranks"]} == {
-            ("NONE", "NONE")}
+            ("FULL_DECODE_ONLY", "NONE")}
+        layers = json.loads((REPO / "vllm_ascend_ext/models/tiny_qwen_moe/config.json")
+                            .read_text())["num_hidden_layers"]
+        graphs = [r["graphs"] for r in two["ranks"]]
+        assert graphs[0]["replays"] == graphs[1]["replays"] > 0, graphs
+        for g in graphs:
+            assert g["collectives"] == ["c10d::_allgather_base_", "c10d::_reduce_scatter_base_"]
+            assert g["collectives_per_graph"] == [3 * layers], g
     assert [(r["dp_rank"], r["tp_rank"]) for r in two["ranks"]] == [
         (d, t) for d in range(2) for t in range(tp)]
     assert all(r["ep_communicator"] == "AscendCommunicator" for r in two["ranks"])
@@ -181,11 +189,21 @@ def test_dp2_ep2_through_all_to_all_equals_one_engine(reference, model):
     included. Tiny Qwen MoE (float experts) and tiny DeepSeek-V3.2 W8A8 (int8 experts,
     the rows quantized where they arrive): the same greedy tokens and logprobs within fp32
     noise as one engine. The dispatcher's host reads are counted in each worker: one per
-    MoE layer per forward (a multiple of the layers, the same on both ranks: they meet in
-    every layer)."""
+    MoE layer per eager forward (a multiple of the layers, the same on both ranks: they
+    meet in every layer). Started without --enforce-eager: Qwen MoE's decode steps replay
+    graphs, which take the all-gather (a graph cannot hold the all-to-all's host-read
+    sizes) and hold no host read; DeepSeek-V3.2 (SFA) runs eager."""
     one = reference(model)
     two = run_script("run_dp.py", "--dp", "2", "--ep", "--model", model,
-                     "--moe-dispatch", "alltoall", emulate=True)
+                     "--moe-dispatch", "alltoall", "--graphs", emulate=True)
+    graphs = [r["graphs"] for r in two["ranks"]]
+    if model == "qwen-moe":
+        assert graphs[0]["replays"] == graphs[1]["replays"] > 0, graphs
+        assert all(g["collectives"] == ["c10d::_allgather_base_", "c10d::_reduce_scatter_base_"]
+                   for g in graphs), graphs
+    else:
+        assert graphs == [{"captured": 0, "replays": 0, "collectives": [],
+                           "collectives_per_graph": []}] * 2
     layers = [r["a2a_layers"] for r in two["ranks"]]
     assert layers[0] == layers[1] > 0 and all(r["mc2_layers"] == 0 for r in two["ranks"])
     reads = [r["a2a_host_reads"] for r in two["ranks"]]

@@ -85,10 +85,16 @@ def test_a_step_sized_plan_takes_mc2_for_decode_and_another_exchange_for_prefill
     only within bf16 noise: logprobs within 6e-2 up to a near tie, where the runs may pick
     either token (vLLM's check_logprobs_close; the exchange's roundings differ: the
     all-gather route rounds each rank's partial sum to bf16 before the reduce-scatter adds
-    them, measured up to 6e-2 with vLLM's own all-gather in the same run)."""
+    them, measured up to 6e-2 with vLLM's own all-gather in the same run). Started without
+    --enforce-eager: decode steps replay graphs holding the MC2 dispatch and combine (as
+    an aclgraph holds them on A3), on both ranks alike; the counts below are the calls
+    the plugin made (eager steps and captures), not replays."""
     two = run_script("run_dp.py", "--dp", "2", "--ep", *LONG, "--moe-dispatch", dispatch,
-                     emulate=True, ASCEND_EXT_NPU_CONTRACT="1", **A3)
+                     "--graphs", emulate=True, ASCEND_EXT_NPU_CONTRACT="1", **A3)
     assert [r["mc2_layers"] for r in two["ranks"]] == [2, 2]
+    graphs = [r["graphs"] for r in two["ranks"]]
+    assert graphs[0]["replays"] == graphs[1]["replays"] > 0, graphs
+    assert all(r["cudagraph_mode"] == "FULL_DECODE_ONLY" for r in two["ranks"])
     calls = [{op: n for op, n in r["contract"]["calls"].items() if op.startswith("npu_moe")}
              for r in two["ranks"]]
     for rank in two["ranks"]:

@@ -296,3 +296,26 @@ def test_seeded_draws_of_a_discarded_partial_prefill_are_undone_exactly():
     kept = cpu_npu.OffsetGenerator(fresh(11))
     torch.rand(5, generator=kept)
     assert not torch.equal(torch.rand(5, generator=kept), torch.rand(5, generator=fresh(11)))
+
+
+def test_a_kernel_replays_in_the_context_of_its_capture(rt):
+    """What the plugin declares around an operator call (here expert parallelism's
+    ``groups_may_end_early``: this rank's experts cover 3 of x's 4 rows) belongs to the
+    captured kernel: a replay outside that declaration runs as the capture did. Without it
+    the reference refuses the groups (checked first, eagerly)."""
+    from vllm_ascend_ext.ops.grouped_matmul import grouped_matmul_reference, groups_may_end_early
+    from vllm_ascend_ext.worker.cpu_npu_graph import as_kernel
+
+    x = torch.arange(8.0).view(4, 2)
+    w = torch.stack([torch.eye(2), 2 * torch.eye(2)])           # [E=2, K=2, N=2]
+    sizes = torch.tensor([1, 2])                                # 3 of 4 rows
+    with pytest.raises(ValueError, match="groups ending before the rows"):
+        grouped_matmul_reference([x], [w], group_list=sizes, split_item=3, group_type=0,
+                                 group_list_type=1)
+    g = rt.NPUGraph()
+    with rt.graph(g), groups_may_end_early():
+        out = as_kernel(grouped_matmul_reference)([x], [w], group_list=sizes, split_item=3,
+                                                  group_type=0, group_list_type=1)[0]
+    x.copy_(x + 100)
+    g.replay()
+    assert out[:3].tolist() == [[100.0, 101.0], [204.0, 206.0], [208.0, 210.0]]

@@ -27,6 +27,7 @@ platform compiles with Dynamo's eager backend when it captures graphs.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 from collections.abc import Callable
@@ -236,8 +237,21 @@ def _kernel_call(recorder, impl, *args, **kwargs):
         out = impl(*args, **kwargs)
     inputs = frozenset(_storages((args, kwargs)))
     # outputs that are (views of) its inputs are rewritten by the re-run itself
-    recorder.sink.append(_Call(impl, args, kwargs, _fresh(out, inputs), inputs))
+    recorder.sink.append(_Call(_InContext(impl, contextvars.copy_context()), args, kwargs,
+                               _fresh(out, inputs), inputs))
     return out
+
+
+@dataclass
+class _InContext:
+    """A kernel's reference re-run in the context variables of its capture (what the
+    plugin declared around the call, e.g. ``groups_may_end_early``, is part of the
+    kernel an NPU graph recorded, not of the replay's caller)."""
+    impl: Callable[..., Any]
+    context: contextvars.Context
+
+    def __call__(self, *args, **kwargs):
+        return self.context.copy().run(self.impl, *args, **kwargs)
 
 
 def _fresh(out, inputs) -> list:
