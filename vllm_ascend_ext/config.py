@@ -54,7 +54,7 @@ class AscendExtConfig:
     # all-gather / reduce-scatter otherwise; "allgather" always the all-gather; "mc2"
     # refuses at model load where MC2 cannot run; "alltoall" (opt-in: one host read per MoE
     # layer per step) sends each row only to its expert's rank (moe/alltoall.py) in the
-    # steps MC2 does not take (moe/step_route.py).
+    # eager steps MC2 does not take (graph steps: MC2 or all-gather; moe/step_route.py).
     moe_dispatch: str = "auto"
 
 
@@ -68,7 +68,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, tuple[str, ...] | None, str]]] = {
         "layer_ops": (str, LAYER_OPS_CHOICES,
                       "RMSNorm, RoPE, SiluAndMul: fused torch_npu ops, or vLLM's native"),
         "moe_dispatch": (str, MOE_DISPATCH_CHOICES,
-                         "expert-parallel token exchange under DP (auto: MC2 for decode-sized steps where documented, else all-gather; alltoall: opt-in, one host read per MoE layer and step, for the steps MC2 does not take)"),
+                         "expert-parallel token exchange under DP (auto: MC2 for decode-sized steps where documented, else all-gather; alltoall: opt-in, one host read per MoE layer and step, for the eager steps MC2 does not take)"),
     },
     "sfa": {
         "preprocess": (str, SFA_PREPROCESS_CHOICES, "SFA preprocessing route"),

@@ -39,6 +39,7 @@ def _worker(rank: int, store: str, queue) -> None:
     out["all_gather"] = comm.all_gather(_rows(rank, 2), dim=-1)
     out["gather"] = comm.gather(_rows(rank, 2), dst=1, dim=0)
     out["broadcast"] = comm.broadcast(torch.full((2,), float(rank + 5)), src=1)
+    out["ca_comm"] = comm.ca_comm is None        # what vLLM's graph_capture reads
     try:
         comm.all_gatherv(mine, dim=0, sizes=[2, 2])      # wrong on both ranks
     except ValueError as e:
@@ -112,6 +113,7 @@ def test_variable_size_reduce_scatter_keeps_each_ranks_slice_of_the_sum(results)
         # a group vLLM did not ask to exchange MoE tokens refuses instead of a no-op
         assert "MoE token exchange" in r["no_manager"]
         assert torch.equal(r["broadcast"], torch.full((2,), 6.0))
+        assert r["ca_comm"] is True
     # gather: rank 1 (the destination) holds both ranks' rows, rank 0 nothing
     assert results[0]["gather"] is None
     assert torch.equal(results[1]["gather"], torch.cat([_rows(0, 2), _rows(1, 2)]))
@@ -129,11 +131,12 @@ def test_vllms_graph_capture_accepts_the_communicator_and_nothing_of_xpus_runs()
     from vllm_ascend_ext.distributed.communicator import AscendCommunicator
 
     assert issubclass(AscendCommunicator, XpuCommunicator)
-    xpu_own = {name for name, v in vars(XpuCommunicator).items()
-               if callable(v) and not name.startswith("__") or name == "__init__"}
+    # every name XPU's class defines (methods, properties, class attributes)
+    xpu_own = {name for name in vars(XpuCommunicator)
+               if not name.startswith("__") or name == "__init__"}
     assert xpu_own >= {"all_reduce", "reduce_scatter", "gather", "broadcast", "combine"}
     inherited = sorted(n for n in xpu_own if n not in vars(AscendCommunicator))
-    assert inherited == [], f"XPU's methods reach the NPU communicator: {inherited}"
+    assert inherited == [], f"XPU's definitions reach the NPU communicator: {inherited}"
     # every base-class method the plugin's class does not define resolves to the base's
     for name, value in vars(DeviceCommunicatorBase).items():
         if callable(value) and name not in vars(AscendCommunicator):

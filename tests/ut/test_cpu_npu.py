@@ -319,3 +319,16 @@ def test_a_kernel_replays_in_the_context_of_its_capture(rt):
     x.copy_(x + 100)
     g.replay()
     assert out[:3].tolist() == [[100.0, 101.0], [204.0, 206.0], [208.0, 210.0]]
+
+
+def test_vllms_python_ops_in_a_parallel_forward_resolve_to_their_bodies():
+    """The Python custom ops vLLM's models call inside a TP / DP forward are captured
+    through their bodies (an unknown one would refuse the capture)."""
+    from vllm.model_executor.layers.fused_moe.runner import moe_runner
+    from vllm.model_executor.models import utils
+
+    from vllm_ascend_ext.worker.cpu_npu_graph import python_op
+
+    ops = torch.ops.vllm
+    assert python_op(ops.sequence_parallel_chunk_impl.default) is utils.sequence_parallel_chunk_impl
+    assert python_op(ops.moe_forward.default) is moe_runner._moe_forward

@@ -341,12 +341,13 @@ def test_a_graph_step_never_takes_the_all_to_all():
     every DP rank); eager steps are unchanged."""
     sized = mc2_plan(_facts(capacity=4096), lambda: "g")
     never = lambda: pytest.fail("asked for the step's tokens")     # noqa: E731
-    assert step_route(None, True, never, graph=True) == ALLGATHER
-    assert step_route(None, True, never, graph=False) == ALLTOALL
-    assert step_route(None, False, never, graph=True) == LOCAL
-    assert step_route(sized, True, lambda: 8, graph=True) == MC2
-    assert step_route(sized, True, lambda: 513, graph=True) == ALLGATHER
-    assert step_route(sized, True, lambda: 513, graph=False) == ALLTOALL
+    yes, no = (lambda: True), (lambda: False)
+    assert step_route(None, True, never, graph=yes) == ALLGATHER
+    assert step_route(None, True, never, graph=no) == ALLTOALL
+    assert step_route(None, False, never, graph=never) == LOCAL
+    assert step_route(sized, True, lambda: 8, graph=never) == MC2
+    assert step_route(sized, True, lambda: 513, graph=yes) == ALLGATHER
+    assert step_route(sized, True, lambda: 513, graph=no) == ALLTOALL
 
 
 def test_moe_dispatch_mc2_refuses_naming_every_reason():

@@ -114,12 +114,13 @@ def _npu_platform() -> dict:
                            "token exchange for DP (all-gather / reduce-scatter)",
             "verified": "over gloo in emulation (two-rank group; TP2 and DP2 == one engine "
                         "end to end); HCCL awaits hardware",
-            "tensor_parallel": "accepted; decode graphs off for TP x PP x DP > 1 (vLLM "
-                               "0.32's graph-capture context asserts a CUDA/XPU "
-                               "communicator)",
-            "data_parallel": "accepted, eager (no --enforce-eager needed), MoE experts split "
-                             "over DP x TP (all-gather / reduce-scatter exchange, or MC2)",
-            "pipeline_parallel": "not refused; not tested here",
+            "tensor_parallel": "accepted, with decode graphs (the all-reduces captured in "
+                               "them)",
+            "data_parallel": "accepted, with decode graphs (the MoE token exchange or MC2 "
+                             "captured in them; graph steps never take the all-to-all), "
+                             "MoE experts split over DP x TP (all-gather / reduce-scatter "
+                             "exchange, MC2 or all-to-all)",
+            "pipeline_parallel": "not refused; not tested here; eager",
             "executors": _executors(),
         },
         "block_size": {"fia": 128, "sfa": DEFAULT_BLOCK_SIZE},
@@ -209,7 +210,8 @@ def _ep_dispatchers() -> dict:
                        "reduce-scatter (all-to-all where moe_dispatch asks for it)")
     out["setting"] = ("ascend_ext.moe_dispatch: auto | allgather | mc2 | alltoall; alltoall "
                       "(any SoC) is opt-in: its split sizes are one host read per MoE layer "
-                      "and step; it takes the steps MC2 does not")
+                      "and step; it takes the eager steps MC2 does not (decode-graph steps "
+                      "take MC2 or the all-gather)")
     return out
 
 

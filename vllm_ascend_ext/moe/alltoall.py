@@ -13,8 +13,8 @@ breaks the plugin's rule of no host sync in the per-step hot path, which is why 
 dispatcher is never chosen by ``auto``: a user who takes it trades one sync per layer for
 moving each row only where its expert is (vllm-ascend's A3 choice for prefill-sized
 steps; ``benchmarks/moe_exchange_bytes.py``). It cannot run inside a captured graph (the
-sizes must be known when the call is issued): the decode graphs are off whenever an EP
-exchange exists (TP x DP > 1, ``platform/graph_mode``).
+sizes must be known when the call is issued): a step captured into a decode graph takes
+MC2 or the all-gather instead (``moe/step_route.py``), so only eager steps read.
 
 Per MoE layer and step, after routing (``experts.route``):
 

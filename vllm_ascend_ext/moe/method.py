@@ -210,11 +210,13 @@ class MonolithicEntry:
         if self.mc2 is not None and not self.mc2.every_step:
             logger.info_once("ascend_ext: expert-parallel MoE layers exchange tokens by MC2 "
                              "for steps of up to %d tokens per rank, by %s above",
-                             self.mc2.tokens, "all-to-all" if self.a2a else "all-gather")
+                             self.mc2.tokens, "all-to-all (all-gather in graph steps)"
+                             if self.a2a else "all-gather")
         elif self.a2a is not None and self.mc2 is None:
             logger.info_once("ascend_ext: expert-parallel MoE layers exchange tokens by "
                              "all-to-all (ascend_ext.moe_dispatch 'alltoall'): one host read "
-                             "per MoE layer per step")
+                             "per MoE layer per eager step; decode-graph steps take the "
+                             "all-gather")
         elif facts.exchange and self.mc2 is None:
             logger.info_once("ascend_ext: expert-parallel MoE layers exchange tokens by "
                              "all-gather / reduce-scatter: %s", "; ".join(declined(facts)))
@@ -239,7 +241,7 @@ class MonolithicEntry:
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The layer's routed-expert sum for this rank's tokens, through the step's
         exchange (``moe/step_route.py``)."""
-        route = step_route(self.mc2, self.a2a is not None, step_tokens, graph_step())
+        route = step_route(self.mc2, self.a2a is not None, step_tokens, graph_step)
         if route == ALLGATHER:     # a larger step of a step-sized MC2 layer, a graph step
             x, router_logits = ep_group().dispatch_router_logits(x, router_logits,
                                                                  self.sequence_parallel)

@@ -2,7 +2,7 @@
 
 A layer's exchange is planned once, when it is built (``moe/mc2.py``, ``moe/alltoall.py``):
 no internal exchange (vLLM's runner all-gathers the tokens and reduce-scatters the
-outputs, or there is nothing to exchange), all-to-all for every step, or MC2. MC2's
+outputs, or there is nothing to exchange), all-to-all (every eager step), or MC2. MC2's
 buffers hold at most the operators' documented tokens per rank (512 on A3, 256 on A2); a
 plan sized below the engine's step budget is *step-sized*, and each step the layer picks:
 
@@ -37,14 +37,14 @@ LOCAL, MC2, ALLTOALL, ALLGATHER = "local", "mc2", "alltoall", "allgather"
 
 
 def step_route(mc2: Mc2Plan | None, alltoall: bool, tokens: Callable[[], int],
-               graph: bool = False) -> str:
+               graph: Callable[[], bool] = lambda: False) -> str:
     """The step's exchange for a layer planned with ``mc2`` (or ``None``) and, when
-    ``alltoall``, an all-to-all plan; ``graph``: the step is captured into a decode graph.
-    ``tokens()`` (the most tokens any EP rank brings to the step) is asked whenever there
-    is an MC2 plan: a plan for every step still never hands the operators more than its
-    buffers hold."""
+    ``alltoall``, an all-to-all plan. ``tokens()`` (the most tokens any EP rank brings to
+    the step) is asked whenever there is an MC2 plan: a plan for every step still never
+    hands the operators more than its buffers hold; ``graph()`` (the step is captured into
+    a decode graph) only when the all-to-all would be taken."""
     if mc2 is not None and tokens() <= mc2.tokens:
         return MC2
-    if alltoall and not graph:
+    if alltoall and not graph():
         return ALLTOALL
     return ALLGATHER if mc2 is not None or alltoall else LOCAL

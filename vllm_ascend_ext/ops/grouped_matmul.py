@@ -66,6 +66,11 @@ def groups_end_early_allowed() -> bool:
     return _GROUPS_MAY_END_EARLY.get()
 
 
+# What a captured call of these operators carries into every replay of its graph
+# (worker/cpu_npu_graph.py): the declaration made around it.
+KERNEL_CONTEXT = (_GROUPS_MAY_END_EARLY,)
+
+
 def _check_gmm(x, weight, group_list, split_item, group_type, group_list_type, act_type,
                scale, per_token_scale, output_dtype, unemulated) -> torch.dtype:
     given = [name for name, value in unemulated.items() if value is not None]

@@ -74,6 +74,9 @@ PYTHON_OPS = {
     "vllm::moe_forward": "vllm.model_executor.layers.fused_moe.runner.moe_runner:_moe_forward",
     "vllm::moe_forward_shared":
         "vllm.model_executor.layers.fused_moe.runner.moe_runner:_moe_forward_shared",
+    # sequence-parallel MoE (DP x TP with EP): each TP rank's slice of the tokens
+    "vllm::sequence_parallel_chunk_impl":
+        "vllm.model_executor.models.utils:sequence_parallel_chunk_impl",
 }
 # Namespaces whose ops are Python custom ops (an unknown one is refused, not recorded).
 PYTHON_NAMESPACES = ("vllm", "ascend_ext")
@@ -237,21 +240,36 @@ def _kernel_call(recorder, impl, *args, **kwargs):
         out = impl(*args, **kwargs)
     inputs = frozenset(_storages((args, kwargs)))
     # outputs that are (views of) its inputs are rewritten by the re-run itself
-    recorder.sink.append(_Call(_InContext(impl, contextvars.copy_context()), args, kwargs,
+    declared = tuple((var, var.get()) for var in kernel_context())
+    recorder.sink.append(_Call(_InContext(impl, declared), args, kwargs,
                                _fresh(out, inputs), inputs))
     return out
 
 
+@functools.cache
+def kernel_context() -> tuple:
+    """The context variables the plugin declares around operator calls and its references
+    read: expert parallelism's ``groups_may_end_early`` (``ops/grouped_matmul.py``)."""
+    from vllm_ascend_ext.ops.grouped_matmul import KERNEL_CONTEXT
+
+    return KERNEL_CONTEXT
+
+
 @dataclass
 class _InContext:
-    """A kernel's reference re-run in the context variables of its capture (what the
-    plugin declared around the call, e.g. ``groups_may_end_early``, is part of the
-    kernel an NPU graph recorded, not of the replay's caller)."""
+    """A kernel's reference re-run with the declarations the plugin made around its call
+    at capture (``kernel_context``): on an NPU they are part of the kernel the graph
+    recorded, not of the replay's caller."""
     impl: Callable[..., Any]
-    context: contextvars.Context
+    declared: tuple
 
     def __call__(self, *args, **kwargs):
-        return self.context.copy().run(self.impl, *args, **kwargs)
+        return contextvars.copy_context().run(self._run, args, kwargs)
+
+    def _run(self, args, kwargs):
+        for var, value in self.declared:
+            var.set(value)
+        return self.impl(*args, **kwargs)
 
 
 def _fresh(out, inputs) -> list:
