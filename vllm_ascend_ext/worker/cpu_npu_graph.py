@@ -320,7 +320,6 @@ class _Recorder(TorchDispatchMode):
         self.sink.append(_Call(func, args, kwargs, _fresh(out, inputs), inputs))
         return out
 
-
     def _collective(self, func, args, kwargs):
         """One collective, one recorded kernel (an HCCL task in an aclgraph): it completes
         here, unrecorded inside (gloo finishes some collectives with copies of its own, on
