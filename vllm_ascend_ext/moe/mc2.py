@@ -36,8 +36,8 @@ layer compares the most tokens any EP rank brings to it (vLLM's per-rank sizes o
 step, host integers every rank holds alike) with the plan's, and a larger step takes the
 other exchange (``moe/step_route.py``): decode-sized steps go through MC2, prefill-sized
 ones through all-gather, or all-to-all where it is asked for (eager steps only).
-``moe_dispatch: "mc2"`` turns
-a declined gate into an error at model load naming the reasons.
+``moe_dispatch: "mc2"`` turns a declined gate into an error at model load naming the
+reasons.
 """
 
 from __future__ import annotations

@@ -168,18 +168,20 @@ def is_collective(func) -> bool:
             and schema.name not in NOT_EXCHANGES)
 
 
-def _wait_collective(func, result) -> None:
-    """A replayed collective completes before the next call reads its buffers, as the
-    captured HCCL task does on the NPU's stream. Gloo runs it on its own thread: its
-    ``Work`` is waited here, and a functional collective's result (whose wait Dynamo
-    issued as ``wait_tensor``, an alias the graph does not record) is waited on."""
-    if not is_collective(func):
-        return
-    for item in tree_flatten(result)[0]:
-        if isinstance(item, torch.ScriptObject):      # c10d's Work, as the dispatcher returns it
-            dist.Work.unbox(item).wait()
-        elif isinstance(item, torch.Tensor):
-            torch.ops._c10d_functional.wait_tensor(item)
+def _run_collective(func, args, kwargs):
+    """One collective, unrecorded inside (gloo finishes some with copies of its own, on
+    the caller's thread, when waited), complete before the next call reads its buffers,
+    as the captured HCCL task is on the NPU's stream: its ``Work`` is waited here, and a
+    functional collective's result (whose wait Dynamo issued as ``wait_tensor``, an alias
+    the graph does not record) is waited on."""
+    with _disable_current_modes():
+        result = func(*args, **kwargs)
+        for item in tree_flatten(result)[0]:
+            if isinstance(item, torch.ScriptObject):    # c10d's Work, as the dispatcher returns it
+                dist.Work.unbox(item).wait()
+            elif isinstance(item, torch.Tensor):
+                torch.ops._c10d_functional.wait_tensor(item)
+    return result
 
 
 def _completed(result):
@@ -322,12 +324,9 @@ class _Recorder(TorchDispatchMode):
 
     def _collective(self, func, args, kwargs):
         """One collective, one recorded kernel (an HCCL task in an aclgraph): it completes
-        here, unrecorded inside (gloo finishes some collectives with copies of its own, on
-        the caller's thread, when waited), and its output arguments, which c10d's schemas
-        do not mark as written, are rewritten by its re-run at replay."""
-        with _disable_current_modes():
-            out = func(*args, **kwargs)
-            _wait_collective(func, out)
+        here (``_run_collective``), and its output arguments, which c10d's schemas do not
+        mark as written, are rewritten by its re-run at replay."""
+        out = _run_collective(func, args, kwargs)
         inputs = frozenset(_storages((args, kwargs)))
         self.sink.append(_Call(func, args, kwargs, _fresh(out, inputs), inputs))
         return _completed(out)
@@ -378,9 +377,7 @@ class CpuGraph:
                 continue
             for call in (item.calls if isinstance(item, TaskHandle) else (item,)):
                 if is_collective(call.func):
-                    with _disable_current_modes():    # its own copies stay its own
-                        result = call.func(*call.args, **call.kwargs)
-                        _wait_collective(call.func, result)
+                    result = _run_collective(call.func, call.args, call.kwargs)
                 else:
                     result = call.func(*call.args, **call.kwargs)
                 if call.copy_into:
