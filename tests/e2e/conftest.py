@@ -101,6 +101,11 @@ NPU_ENGINE_PATH = {"worker": "EmulatedNPUWorker", "runner": "EmulatedNPUModelRun
                    "runtime": "cpu-npu-stand-in"}
 
 
+def max_logprob_gap(a: dict, b: dict) -> float:
+    """The largest difference between two runs' logprobs of the tokens they generated."""
+    return max(abs(x - y) for la, lb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(la, lb))
+
+
 def greedy_departures(ref: dict, got: dict, bound: float) -> list[str]:
     """Where ``got``'s greedy continuations depart from ``ref``'s beyond rounding noise
     (empty: none), in the spirit of vLLM's ``check_logprobs_close``. Up to a prompt's first

@@ -18,14 +18,19 @@ def _fia_task_keys() -> list[int]:
     return sorted(len(o.tasks) for o in gc.get_objects() if type(o) is FiaGraphTasks)
 
 
+def captured_graphs(model) -> list:
+    """The decode graphs a model runner's graph wrapper captured (none when eager)."""
+    entries = getattr(model, "concrete_cudagraph_entries", {}) or {}
+    return [e.cudagraph for e in entries.values() if e.cudagraph is not None]
+
+
 def engine_info(llm) -> dict:
     worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
     runner = worker.model_runner
     from vllm_ascend_ext.worker import npu_device
 
     runtime = npu_device.current_runtime()
-    entries = getattr(runner.model, "concrete_cudagraph_entries", {}) or {}
-    graphs = [e.cudagraph for e in entries.values() if e.cudagraph is not None]
+    graphs = captured_graphs(runner.model)
     comp = llm.llm_engine.vllm_config.compilation_config
     return {"worker": type(worker).__name__, "runner": type(runner).__name__,
             "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,

@@ -294,8 +294,9 @@ def _ep_communicator() -> str | None:
 def _graphs(model) -> dict:
     """This rank's decode graphs: how many were captured, replayed, and the collectives
     (c10d calls) the captured graphs hold."""
-    entries = getattr(model, "concrete_cudagraph_entries", {}) or {}
-    graphs = [e.cudagraph for e in entries.values() if e.cudagraph is not None]
+    from engine_info import captured_graphs  # beside this module, on vLLM's import path
+
+    graphs = captured_graphs(model)
     return {"captured": len(graphs), "replays": sum(getattr(g, "replays", 0) for g in graphs),
             "collectives": sorted({name for g in graphs for name in g.collectives()}),
             "collectives_per_graph": sorted({len(g.collectives()) for g in graphs})}

@@ -16,15 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.conftest import REPO, child_env, run_script
+from tests.e2e.conftest import REPO, child_env, max_logprob_gap, run_script
 from tests.e2e.dp_prompts import MAX_TOKENS
 from tests.e2e.serve_checks import complete, first_traceback, kill_sessions, server_sessions, tails
 
 pytestmark = pytest.mark.e2e
-
-
-def _max_lp_diff(a: dict, b: dict) -> float:
-    return max(abs(x - y) for la, lb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(la, lb))
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +51,7 @@ def test_tp2_ep2_equals_one_engine_and_a_dropped_all_reduce_changes_the_tokens(r
         assert rank["worker"] == "EmulatedNPUWorker" and rank["runtime"] == "cpu-npu-stand-in"
         assert rank["tp_communicator"] == rank["ep_communicator"] == "AscendCommunicator"
     assert two["tokens"] == one["tokens"]
-    assert _max_lp_diff(one, two) < 1e-4
+    assert max_logprob_gap(one, two) < 1e-4
     broken = run_script("run_tp.py", "--tp", "2", "--ep", "--drop-all-reduce", emulate=True)
     assert broken["tokens"] != one["tokens"]
 
@@ -71,7 +67,7 @@ def test_tp2_ep2_sparse_attention_equals_one_engine(reference):
     assert [r["expert_shard"] for r in two["ranks"]] == ["experts [0, 2) of 4",
                                                          "experts [2, 4) of 4"]
     assert two["tokens"] == one["tokens"]
-    assert _max_lp_diff(one, two) < 1e-4
+    assert max_logprob_gap(one, two) < 1e-4
 
 
 @pytest.mark.xdist_group("parallel")
@@ -126,7 +122,7 @@ def test_dp2_moe_equals_one_engine(reference, model, tp, ep):
     assert shards == want[model if tp == 1 else "qwen-moe-tp2-ep4"]
     assert all(r["sequence_parallel_moe"] == (tp > 1) for r in two["ranks"])
     assert two["tokens"] == one["tokens"]
-    assert _max_lp_diff(one, two) < 1e-4
+    assert max_logprob_gap(one, two) < 1e-4
 
 
 @pytest.mark.xdist_group("parallel")
@@ -145,7 +141,7 @@ def test_dp2_ep2_with_mtp_equals_one_engine(reference, tmp_path):
     assert [r["expert_shard"] for r in two["ranks"]] == ["experts [0, 2) of 4",
                                                          "experts [2, 4) of 4"]
     assert two["tokens"] == one["tokens"]
-    assert _max_lp_diff(one, two) < 1e-4
+    assert max_logprob_gap(one, two) < 1e-4
     busy, idle = (r["acceptance"] for r in two["ranks"])
     assert busy["draft_tokens"] == 3 * busy["drafts"] and idle["drafts"] > 0
     # the idle rank's dummy batches ran its drafter too (its MoE met the busy rank's)
@@ -218,7 +214,7 @@ def test_dp2_ep2_through_all_to_all_equals_one_engine(reference, model):
     reads = [r["a2a_host_reads"] for r in two["ranks"]]
     assert reads[0] == reads[1] > 0 and reads[0] % layers[0] == 0
     assert two["tokens"] == one["tokens"]
-    assert _max_lp_diff(one, two) < 1e-4
+    assert max_logprob_gap(one, two) < 1e-4
 
 
 @pytest.mark.xdist_group("parallel")

@@ -23,15 +23,11 @@ import json
 
 import pytest
 
-from tests.e2e.conftest import REPO, run_script
+from tests.e2e.conftest import REPO, max_logprob_gap, run_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("parallel_graphs")]
 
 TP2 = ("--dp", "1", "--tp", "2", "--model", "qwen3", "--graphs")
-
-
-def _max_lp_diff(a: dict, b: dict) -> float:
-    return max(abs(x - y) for la, lb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(la, lb))
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +59,7 @@ def test_tp2_decode_graphs_replay_their_all_reduces_and_equal_one_engine(referen
     assert two["ranks"][0]["graphs"]["replays"] == two["ranks"][1]["graphs"]["replays"]
     one = reference("qwen3")
     assert two["tokens"] == one["tokens"]
-    assert _max_lp_diff(one, two) < 1e-4
+    assert max_logprob_gap(one, two) < 1e-4
 
 
 @pytest.mark.parametrize("args", [TP2, ("--dp", "2", "--model", "qwen-moe", "--graphs")],
