@@ -30,7 +30,19 @@ No timing. Layouts (one Atlas 800 pair, 16 NPUs):
   most 512 tokens per rank): the same rows as all-to-all in two fused kernels, no host
   read. For W8A8 experts the dispatch quantizes the rows (``quant_mode=2``: int8 with a
   float32 scale per row; the "int8 dispatch" row); float experts send bf16.
-
+- **TP16 + EP16, all-reduce** (built: ``--enable-expert-parallel`` without DP): every rank
+  holds the same tokens (no sequence-parallel MoE without DP in vLLM 0.32), computes its 16
+  whole experts for all of them, and vLLM all-reduces the partial outputs: TP16's bytes and
+  call.
+- **TP16 + EP16, all-to-all or MC2 of split tokens** (projections, not built: why the
+  plugin refuses ``moe_dispatch: "alltoall"`` / ``"mc2"`` with TP > 1 and replicated
+  tokens): each rank would dispatch 1/16 of the step's tokens, exchange their rows both
+  ways, then all-gather the 16 slices so that every TP rank holds every token again. At
+  top-k 8 the rows out and back weigh as much as the all-reduce's first half and the
+  all-gather as its second: the same bytes in three or four calls instead of one (and a
+  host read for the all-to-all). Only MC2's int8 dispatch (W8A8) saves: an eighth of the
+  bytes. No layout that splits the tokens anyway (DP, or sequence-parallel attention) means
+  nothing to gain from the exchange itself.
 Routing is taken as uniform (each of a token's k rows on any rank with probability 1/16);
 real routing moves the all-to-all figures, not the all-gather ones. The 16 ranks serve one
 engine's tokens under TP16 and two engines' under DP2: "per served token" compares the
@@ -124,15 +136,44 @@ def mc2_ep(tokens: int, w: Widths, *, int8_dispatch: bool) -> Exchange:
     return Exchange(label, True, 3, sent, 0, DP)
 
 
+def tp16_ep16(tokens: int, w: Widths) -> Exchange:
+    return Exchange("TP16+EP16 all-reduce", True, 1,
+                    ring_all_reduce(tokens * w.hidden * BF16, RANKS), 0)
+
+
+def _split_rows(tokens: int, w: Widths) -> float:
+    """(token, k) rows one rank would send away with the replicated tokens split 16 ways."""
+    return tokens / RANKS * w.top_k * (RANKS - 1) / RANKS
+
+
+def tp16_ep16_split_all_to_all(tokens: int, w: Widths) -> Exchange:
+    """Not built: replicated tokens split over the 16 ranks for an all-to-all, then
+    all-gathered back so that every TP rank holds them all."""
+    counts = w.experts * 8 * (RANKS - 1) / RANKS
+    sent = (counts + 2 * _split_rows(tokens, w) * w.hidden * BF16
+            + ring_gather(tokens * w.hidden * BF16, RANKS))
+    return Exchange("TP16+EP16 all-to-all of split tokens", False, 4, sent, 1)
+
+
+def tp16_ep16_split_mc2_int8(tokens: int, w: Widths) -> Exchange:
+    """Not built: the same split through MC2 with the W8A8 int8 dispatch."""
+    rows = _split_rows(tokens, w)
+    sent = (rows * (w.hidden * INT8 + FP32) + rows * w.hidden * BF16
+            + ring_gather(tokens * w.hidden * BF16, RANKS))
+    return Exchange("TP16+EP16 MC2 of split tokens (int8 dispatch, W8A8)", False, 3, sent, 0)
+
+
 def table(tokens: int) -> list[dict]:
     rows = []
     for w in MODELS:
-        for ex in (tp16(tokens, w), all_gather_ep(tokens, w), all_to_all_ep(tokens, w),
-                   mc2_ep(tokens, w, int8_dispatch=False), mc2_ep(tokens, w, int8_dispatch=True)):
-            rows.append(ex.row(tokens, w))
-        base = rows[-5]["KiB_per_served_token"]
-        for r in rows[-5:]:
-            r["vs_TP16"] = r["KiB_per_served_token"] / base
+        layouts = (tp16(tokens, w), all_gather_ep(tokens, w), all_to_all_ep(tokens, w),
+                   mc2_ep(tokens, w, int8_dispatch=False), mc2_ep(tokens, w, int8_dispatch=True),
+                   tp16_ep16(tokens, w), tp16_ep16_split_all_to_all(tokens, w),
+                   tp16_ep16_split_mc2_int8(tokens, w))
+        ours = [ex.row(tokens, w) for ex in layouts]
+        for r in ours:
+            r["vs_TP16"] = r["KiB_per_served_token"] / ours[0]["KiB_per_served_token"]
+        rows += ours
     return rows
 
 

@@ -46,3 +46,30 @@ def test_all_to_all_sends_each_remote_row_twice_and_mc2_can_send_it_in_int8():
     # MC2 with int8 dispatch: 1.875 x (4 + 4 scale bytes) out, 1.875 x 8 back
     assert bench.mc2_ep(8, SMALL, int8_dispatch=True).bytes_sent == pytest.approx(
         15 + 15 + 56)
+
+
+def test_tp_ep_without_dp_splitting_replicated_tokens_buys_no_bytes_but_int8():
+    """TP16 + EP16 without DP: 16 tokens held by every rank, 1 per rank once split."""
+    # built: vLLM's all-reduce of 16 x 4 x 2 = 128 bytes, 2 * 15/16 of it
+    assert (bench.tp16_ep16(16, SMALL).calls, bench.tp16_ep16(16, SMALL).bytes_sent) == (1, 240)
+    # projection: 1 token x 2 rows per rank, 15/16 remote = 1.875 rows of 8 bytes each way,
+    # 2 int64 counts (15 bytes remote), and the all-gather of the 16 slices (128 bytes: 120)
+    a2a = bench.tp16_ep16_split_all_to_all(16, SMALL)
+    assert (a2a.calls, a2a.host_reads, a2a.built) == (4, 1, False)
+    assert a2a.bytes_sent == pytest.approx(15 + 2 * 1.875 * 8 + 120)
+    # MC2, int8 out (4 bytes + a 4-byte scale per row), bf16 back, then the all-gather
+    mc2 = bench.tp16_ep16_split_mc2_int8(16, SMALL)
+    assert (mc2.calls, mc2.host_reads) == (3, 0)
+    assert mc2.bytes_sent == pytest.approx(1.875 * 8 + 1.875 * 8 + 120)
+
+
+def test_at_deepseek_width_the_split_all_to_all_moves_what_the_all_reduce_moves():
+    rows = {r["layout"]: r for r in bench.table(256) if r["model"] == "DeepSeek-V3.2"}
+    reduce = rows["TP16+EP16 all-reduce"]["MiB_sent_per_layer"]
+    # top-k 8 of 16 ranks: 256/16 x 8 x 15/16 rows x 7168 x 2 bytes each way = 15/16 of the
+    # engine's 256 x 7168 x 2 bytes, as much as each half of the ring all-reduce
+    half = 15 / 16 * 256 * 7168 * 2 / 2**20
+    assert reduce == pytest.approx(2 * half)
+    assert rows["TP16+EP16 all-to-all of split tokens"]["MiB_sent_per_layer"] == pytest.approx(
+        2 * half + 256 * 8 * 15 / 16 / 2**20)
+    assert rows["TP16+EP16 MC2 of split tokens (int8 dispatch, W8A8)"]["vs_TP16"] < 0.9
