@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import run_script
+from tests.e2e.conftest import max_logprob_gap, run_script
 from vllm_ascend_ext.platform.probe import npu_present
 
 pytestmark = pytest.mark.e2e
 
 # Eager: these tests are not about compilation (tests/e2e/test_engine_path.py captures graphs).
 CHUNKED = ("--max-num-batched-tokens", "16", "--enforce-eager")
-
-
-def _max_logprob_diff(a, b):
-    return max(abs(x - y) for ra, rb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(ra, rb))
 
 
 @pytest.mark.skipif(npu_present(), reason="on an Ascend host the installed plugin is active "
@@ -41,14 +37,14 @@ def test_emulated_platform_serves_every_layer_with_the_plugin_backend(runs):
 def test_tokens_and_logprobs_match_vllm_cpu_backend(runs):
     stock, emu = runs(*CHUNKED, emulate=False), runs(*CHUNKED, emulate=True)
     assert emu["tokens"] == stock["tokens"]
-    assert _max_logprob_diff(emu, stock) < 1e-4
+    assert max_logprob_gap(emu, stock) < 1e-4
 
 
 def test_negative_control_corrupted_block_table_changes_the_result(runs):
     stock = runs(*CHUNKED, emulate=False)
     bad = runs(*CHUNKED, "--corrupt-block-table", emulate=True)
     assert bad["platform"] == "EmulatedAscendPlatform"
-    assert bad["tokens"] != stock["tokens"] or _max_logprob_diff(bad, stock) > 0.1
+    assert bad["tokens"] != stock["tokens"] or max_logprob_gap(bad, stock) > 0.1
 
 
 def test_bad_plugin_config_fails_before_the_engine_starts():

@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import run_script
+from tests.e2e.conftest import max_logprob_gap, run_script
 
 pytestmark = pytest.mark.e2e
 
 CHUNKED = ("--max-num-batched-tokens", "16")
-
-
-def _max_logprob_diff(a, b):
-    return max(abs(x - y) for ra, rb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(ra, rb))
 
 
 def test_decode_graphs_replay_with_fia_updates_and_equal_eager_mode(runs):
@@ -36,7 +32,7 @@ def test_decode_graphs_replay_with_fia_updates_and_equal_eager_mode(runs):
     assert eager["engine"]["cudagraph_mode"] == "NONE"
     assert eager["engine"]["graph_replays"] == 0
     assert graphs["tokens"] == eager["tokens"]
-    assert _max_logprob_diff(graphs, eager) < 1e-4
+    assert max_logprob_gap(graphs, eager) < 1e-4
 
 
 def test_graph_memory_is_measured_into_the_kv_budget_and_leaves_no_profiling_tasks(runs):
@@ -53,7 +49,7 @@ def test_graph_memory_is_measured_into_the_kv_budget_and_leaves_no_profiling_tas
                                         - engine["graph_memory_estimate"])
     assert engine["fia_task_keys"] == [engine["graphs_captured"]]
     assert engine["graph_replays"] > 0 and profiled["tokens"] == eager["tokens"]
-    assert _max_logprob_diff(profiled, eager) < 1e-4
+    assert max_logprob_gap(profiled, eager) < 1e-4
     fixed = runs(*CHUNKED, emulate=True)["engine"]       # a fixed KV size: nothing measured
     assert fixed["graph_memory_estimate"] is None
 
@@ -69,7 +65,7 @@ def test_vllms_cpu_worker_and_the_npu_engine_path_agree(runs):
     cpu = runs(*CHUNKED, "--enforce-eager", emulate=True, ASCEND_EXT_EMULATED_WORKER="cpu")
     assert cpu["engine"]["worker"] == "EmulatedAscendWorker"
     assert npu["tokens"] == cpu["tokens"]
-    assert _max_logprob_diff(npu, cpu) < 1e-5
+    assert max_logprob_gap(npu, cpu) < 1e-5
 
 
 # the same runs as tests/e2e/test_mixed_split.py (shared through the session's cache)
@@ -83,7 +79,7 @@ def test_ngram_speculation_through_the_npu_runner_equals_plain_decoding(runs):
     plain = runs(*MIXED, *ON, emulate=True)
     spec = runs(*MIXED, "--ngram", *ON, emulate=True)
     assert spec["tokens"] == plain["tokens"]
-    assert _max_logprob_diff(spec, plain) < 1e-4
+    assert max_logprob_gap(spec, plain) < 1e-4
 
 
 def test_negative_control_a_broken_rejection_substitute_changes_the_tokens(runs):
@@ -108,7 +104,7 @@ def test_sampled_speculation_on_the_npu_substitutes_equals_vllms_cpu_kernels(run
                ASCEND_EXT_EMULATED_WORKER="cpu")
     assert cpu["engine"]["worker"] == "EmulatedAscendWorker"
     assert npu["tokens"] == cpu["tokens"]
-    assert _max_logprob_diff(npu, cpu) < 1e-4
+    assert max_logprob_gap(npu, cpu) < 1e-4
 
 
 @pytest.mark.parametrize("which", ["random", "expand", "recovered"])

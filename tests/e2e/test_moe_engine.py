@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.conftest import max_logprob_gap
+
 pytestmark = pytest.mark.e2e
 
 ARGS = ("--model", "qwen_moe", "--max-num-batched-tokens", "16", "--enforce-eager")
-
-
-def _max_logprob_diff(a, b):
-    return max(abs(x - y) for ra, rb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(ra, rb))
 
 
 def test_qwen_moe_matches_vllms_cpu_moe_path(runs):
@@ -25,11 +23,11 @@ def test_qwen_moe_matches_vllms_cpu_moe_path(runs):
     assert emu["moe_methods"] == ["AscendFusedMoEMethod"]
     assert emu["backends"] == ["ASCEND_EXT_FIA"]
     assert emu["tokens"] == stock["tokens"]
-    assert _max_logprob_diff(emu, stock) < 1e-4
+    assert max_logprob_gap(emu, stock) < 1e-4
 
 
 def test_negative_control_unnormalised_routing_changes_the_result(runs):
     stock = runs(*ARGS, emulate=False)
     bad = runs(*ARGS, "--corrupt-moe-routing", emulate=True)
     assert bad["moe_methods"] == ["AscendFusedMoEMethod"]
-    assert bad["tokens"] != stock["tokens"] or _max_logprob_diff(bad, stock) > 0.1
+    assert bad["tokens"] != stock["tokens"] or max_logprob_gap(bad, stock) > 0.1

@@ -24,16 +24,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import oracle_runs, run_script
+from tests.e2e.conftest import max_logprob_gap, oracle_runs, run_script
 
 pytestmark = pytest.mark.e2e
 LOGPROB_TOL = 1e-4
 RAGGED = ("--ragged", "--budget", "16", "--eager")
 ORACLE_RATE = "0.6"
-
-
-def _gap(a, b) -> float:
-    return max(abs(x - y) for ra, rb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(ra, rb))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +52,7 @@ def plain_file(mtp):
 def test_mtp_equals_plain_decoding_with_ragged_acceptance(plain, mtp, k):
     res = mtp(k, "--count-ops")
     assert res["tokens"] == plain["tokens"]
-    assert _gap(res, plain) < LOGPROB_TOL
+    assert max_logprob_gap(res, plain) < LOGPROB_TOL
     lengths = {len(t) for t in plain["tokens"]}
     assert lengths == {16, 13, 10}          # requests finished at different steps
     # verify rows beside prompt chunks, and verify-only steps
@@ -94,7 +90,7 @@ def test_ascend950_splits_verify_and_prefill_spans_with_mtp(plain, mtp):
     mixed, split = res["split"][0]
     assert mixed > 0 and split == mixed
     assert res["gdn_ops"][0]["decode"] == "_C_ascend_ext.npu_recurrent_gated_delta_rule_ext"
-    assert res["tokens"] == plain["tokens"] and _gap(res, plain) < LOGPROB_TOL
+    assert res["tokens"] == plain["tokens"] and max_logprob_gap(res, plain) < LOGPROB_TOL
 
 
 def test_bfloat16_mtp_under_contract_mode(mtp):

@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import oracle_runs, run_script
+from tests.e2e.conftest import max_logprob_gap, oracle_runs, run_script
 
 pytestmark = pytest.mark.e2e
 LOGPROB_TOL = 1e-4
 WORKLOAD = ("--model", "mimo", "--many", "--max-num-batched-tokens", "64", "--ragged")
 ORACLE_RATE = "0.6"
 NUM_LAYERS = 2      # the tiny MiMo's attention layers (the MTP layer's runs eager)
-
-
-def _gap(a, b) -> float:
-    return max(abs(x - y) for ra, rb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(ra, rb))
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +57,7 @@ def test_mtp_verify_graphs_equal_plain_decoding(plain, mtp, k):
         "FULL_DECODE_ONLY"
     assert {len(t) for t in plain["tokens"]} == {12, 9, 6}
     assert res["tokens"] == plain["tokens"]
-    assert _gap(res, plain) < LOGPROB_TOL
+    assert max_logprob_gap(res, plain) < LOGPROB_TOL
     # Observed: the replays are verify-only steps (every real request with 1 + k query
     # tokens, the graph's tokens a multiple of 1 + k: vLLM's dispatch of uniform batches),
     # and some carry padding requests (0 tokens) that pad_to_graph gives the rest
@@ -84,7 +80,7 @@ def test_graph_replays_equal_eager_mtp(mtp):
     graphs, eager = mtp(3), mtp(3, "--enforce-eager")
     assert eager["engine"]["cudagraph_mode"] == "NONE" and not eager["replays"]
     assert graphs["tokens"] == eager["tokens"]
-    assert _gap(graphs, eager) < LOGPROB_TOL
+    assert max_logprob_gap(graphs, eager) < LOGPROB_TOL
     assert graphs["acceptance"]["per_position"] == eager["acceptance"]["per_position"]
 
 

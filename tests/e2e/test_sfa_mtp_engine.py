@@ -26,17 +26,13 @@ import json
 
 import pytest
 
-from tests.e2e.conftest import run_script
+from tests.e2e.conftest import max_logprob_gap, run_script
 
 pytestmark = pytest.mark.e2e
 LOGPROB_TOL = 1e-4
 RAGGED = ("--ragged", "--max-tokens", "12", "--max-num-batched-tokens", "64",
           "--enforce-eager")
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.item")
-
-
-def _gap(a, b) -> float:
-    return max(abs(x - y) for ra, rb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(ra, rb))
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +70,7 @@ def test_float_mtp_equals_plain_decoding(runs, k):
     assert res["drafter"]["class"] == "AscendDsaMTP"
     assert res["drafter"]["sfa_layers"] == ["model.layers.2.self_attn.attn"]
     assert {len(t) for t in plain["tokens"]} == {12, 9, 6}
-    assert res["tokens"] == plain["tokens"] and _gap(res, plain) < LOGPROB_TOL
+    assert res["tokens"] == plain["tokens"] and max_logprob_gap(res, plain) < LOGPROB_TOL
     acc, vllm = res["acceptance"], res["spec_metrics"]
     assert acc["per_position"] == vllm["num_accepted_tokens_per_pos"]
     assert acc["draft_tokens"] == vllm["num_draft_tokens"] == k * acc["drafts"]
@@ -95,7 +91,7 @@ def test_w8a8_mtp_equals_w8a8_plain_decoding(runs):
     plain = runs("--quantized")
     res = _mtp(runs, 3, quantized=True)
     assert res["quant"] == plain["quant"] == "ascend_ext"
-    assert res["tokens"] == plain["tokens"] and _gap(res, plain) < LOGPROB_TOL
+    assert res["tokens"] == plain["tokens"] and max_logprob_gap(res, plain) < LOGPROB_TOL
     assert 0 < sum(res["acceptance"]["per_position"]) < res["acceptance"]["draft_tokens"]
 
 
