@@ -43,6 +43,7 @@ No timing. Layouts (one Atlas 800 pair, 16 NPUs):
   host read for the all-to-all). Only MC2's int8 dispatch (W8A8) saves: an eighth of the
   bytes. No layout that splits the tokens anyway (DP, or sequence-parallel attention) means
   nothing to gain from the exchange itself.
+
 Routing is taken as uniform (each of a token's k rows on any rank with probability 1/16);
 real routing moves the all-to-all figures, not the all-gather ones. The 16 ranks serve one
 engine's tokens under TP16 and two engines' under DP2: "per served token" compares the

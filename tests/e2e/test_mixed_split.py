@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.conftest import max_logprob_gap
+
 pytestmark = pytest.mark.e2e
 
 MIXED = ("--many", "--max-num-batched-tokens", "64", "--enforce-eager")   # not about compilation
-
-
-def _max_diff(a, b):
-    return max(abs(x - y) for ra, rb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(ra, rb))
 
 
 def _stats(run):
@@ -28,7 +26,7 @@ def test_split_on_equals_off_and_counters_show_splits(runs, extra):
     on = runs(*MIXED, *extra, "--mixed-split", "on", emulate=True)
     off = runs(*MIXED, *extra, "--mixed-split", "off", emulate=True)
     assert on["tokens"] == off["tokens"]
-    assert _max_diff(on, off) < 1e-4
+    assert max_logprob_gap(on, off) < 1e-4
     assert _stats(on)["mixed"] > 10 and _stats(on)["split"] == _stats(on)["mixed"]
     assert _stats(off)["split"] == 0
     assert _stats(off)["declined"] == {"mixed_split=off": _stats(off)["mixed"]}
@@ -38,7 +36,7 @@ def test_negative_control_changes_the_split_result(runs):
     on = runs(*MIXED, "--mixed-split", "on", emulate=True)
     bad = runs(*MIXED, "--mixed-split", "on", "--corrupt-block-table", emulate=True)
     assert _stats(bad)["split"] > 0
-    assert bad["tokens"] != on["tokens"] or _max_diff(bad, on) > 0.1
+    assert bad["tokens"] != on["tokens"] or max_logprob_gap(bad, on) > 0.1
 
 
 def test_auto_declines_on_a2_and_splits_on_950(runs):
@@ -47,7 +45,7 @@ def test_auto_declines_on_a2_and_splits_on_950(runs):
     assert _stats(a2)["declined"] == {"soc A2 not in A5": _stats(a2)["mixed"]}
     a5 = runs(*MIXED, "--mixed-split", "auto", emulate=True, ASCEND_EXT_SOC="ascend950")
     assert _stats(a5)["split"] == _stats(a5)["mixed"] > 10
-    assert a5["tokens"] == a2["tokens"] and _max_diff(a5, a2) < 1e-4
+    assert a5["tokens"] == a2["tokens"] and max_logprob_gap(a5, a2) < 1e-4
 
 
 def test_full_attention_layers_of_a_hybrid_model_reach_the_split():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import run_script
+from tests.e2e.conftest import max_logprob_gap, run_script
 from tests.e2e.dense_dsa import DenseDSA
 from vllm_ascend_ext.models import tiny_dsa_path
 
@@ -30,10 +30,6 @@ def dsa():
         return cache[args]
 
     return get
-
-
-def _max_lp_diff(a, b):
-    return max(abs(x - y) for la, lb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(la, lb))
 
 
 def _decode(run):
@@ -77,11 +73,11 @@ def test_generates_through_the_sfa_backend_and_matches_independent_dense_math(ds
 def test_negative_controls_change_the_result(dsa):
     base = dsa(*CHUNKED)
     broken = dsa(*CHUNKED, "--corrupt-block-table")
-    assert broken["tokens"] != base["tokens"] and _max_lp_diff(base, broken) > 0.1
+    assert broken["tokens"] != base["tokens"] and max_logprob_gap(base, broken) > 0.1
     dense = dsa(*CHUNKED, "--dense-topk")            # every visible key: sparsity matters here
-    assert dense["tokens"] != base["tokens"] and _max_lp_diff(base, dense) > 0.1
+    assert dense["tokens"] != base["tokens"] and max_logprob_gap(base, dense) > 0.1
     unbiased = dsa(*CHUNKED, "--corrupt-moe-bias")   # MoE experts chosen without the bias
-    assert _max_lp_diff(base, unbiased) > 0.05
+    assert max_logprob_gap(base, unbiased) > 0.05
 
 
 def test_w8a8_model_takes_the_fused_prolog_and_matches_the_native_chain(dsa):
@@ -100,7 +96,7 @@ def test_w8a8_model_takes_the_fused_prolog_and_matches_the_native_chain(dsa):
     assert {rt[0] for rt in native["routes"]} == {"native"}
     assert _decode(fused)["npu_mla_prolog_v3"] == 2 and "npu_mla_prolog_v3" not in _decode(native)
     assert fused["tokens"] == native["tokens"]
-    assert _max_lp_diff(fused, native) < 1e-4
+    assert max_logprob_gap(fused, native) < 1e-4
     float_run = dsa(*CHUNKED)
     assert fused["tokens"] != float_run["tokens"]     # the quantized weights are really used
 
@@ -128,7 +124,7 @@ def test_w8a8_dense_layer_fuses_its_norm_with_the_mlp_quantization(dsa):
     assert "npu_dequant_swiglu_quant" not in native_ops
     assert fused_ops["npu_dynamic_quant"] == native_ops["npu_dynamic_quant"] - 3
     assert fused["tokens"] == native["tokens"]
-    assert _max_lp_diff(fused, native) < 1.5
+    assert max_logprob_gap(fused, native) < 1.5
 
 
 def test_prefill_decode_disaggregation_moves_all_three_caches(dsa, tmp_path):
@@ -160,8 +156,8 @@ def test_prefill_decode_disaggregation_moves_all_three_caches(dsa, tmp_path):
     loaded = sum(len(p) // 128 * 128 for p in consumer["prompt_token_ids"])
     assert loaded > 0
     assert consumer["selection"]["first_step_tokens"] <= total - loaded   # KV came from storage
-    assert consumer["tokens"] == base["tokens"] and _max_lp_diff(base, consumer) < 1e-4
-    assert _max_lp_diff(base, control) > 1e-3                              # wrong KV shows
+    assert consumer["tokens"] == base["tokens"] and max_logprob_gap(base, consumer) < 1e-4
+    assert max_logprob_gap(base, control) > 1e-3                              # wrong KV shows
 
 
 def test_per_step_counts_do_not_grow_with_depth_and_the_indexer_gemm_runs_once(dsa):
@@ -193,4 +189,4 @@ def test_compiled_model_equals_eager(dsa):
     compiled = dsa(*(a for a in CHUNKED if a != "--enforce-eager"))
     assert compiled["backends"] == ["ASCEND_EXT_SFA"] and compiled["steps"]
     assert compiled["tokens"] == eager["tokens"]
-    assert _max_lp_diff(compiled, eager) < 1e-4
+    assert max_logprob_gap(compiled, eager) < 1e-4

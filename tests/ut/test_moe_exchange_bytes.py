@@ -61,15 +61,23 @@ def test_tp_ep_without_dp_splitting_replicated_tokens_buys_no_bytes_but_int8():
     mc2 = bench.tp16_ep16_split_mc2_int8(16, SMALL)
     assert (mc2.calls, mc2.host_reads) == (3, 0)
     assert mc2.bytes_sent == pytest.approx(1.875 * 8 + 1.875 * 8 + 120)
+    # at hidden 8 the int8 row (8 + 4 scale bytes) is lighter than the bf16 one (16)
+    wide = bench.Widths("wide", hidden=8, experts=2, top_k=2, moe_layers=1)
+    assert bench.tp16_ep16_split_mc2_int8(16, wide).bytes_sent == pytest.approx(
+        1.875 * 12 + 1.875 * 16 + 15 / 16 * 16 * 8 * 2)
 
 
 def test_at_deepseek_width_the_split_all_to_all_moves_what_the_all_reduce_moves():
     rows = {r["layout"]: r for r in bench.table(256) if r["model"] == "DeepSeek-V3.2"}
     reduce = rows["TP16+EP16 all-reduce"]["MiB_sent_per_layer"]
-    # top-k 8 of 16 ranks: 256/16 x 8 x 15/16 rows x 7168 x 2 bytes each way = 15/16 of the
-    # engine's 256 x 7168 x 2 bytes, as much as each half of the ring all-reduce
+    # top-k 8 of 16 ranks: 256/16 x 8 x 15/16 = 120 rows of 7168 x 2 bytes each way, out
+    # and back together 15/16 of the engine's 256 x 7168 x 2 bytes: as much as each half of
+    # the ring all-reduce
     half = 15 / 16 * 256 * 7168 * 2 / 2**20
     assert reduce == pytest.approx(2 * half)
     assert rows["TP16+EP16 all-to-all of split tokens"]["MiB_sent_per_layer"] == pytest.approx(
         2 * half + 256 * 8 * 15 / 16 / 2**20)
-    assert rows["TP16+EP16 MC2 of split tokens (int8 dispatch, W8A8)"]["vs_TP16"] < 0.9
+    # MC2: the 120 rows go out as 7168 int8 + a 4-byte scale, come back in bf16
+    mc2 = 120 * (7168 + 4) + 120 * 7168 * 2 + 15 / 16 * 256 * 7168 * 2
+    assert rows["TP16+EP16 MC2 of split tokens (int8 dispatch, W8A8)"]["vs_TP16"] == pytest.approx(
+        mc2 / (2 * half * 2**20))
