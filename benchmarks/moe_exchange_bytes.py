@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 RANKS, DP, TP = 16, 2, 8
 BF16, FP32, INT8 = 2, 4, 1
@@ -115,53 +115,38 @@ def all_gather_ep(tokens: int, w: Widths) -> Exchange:
     return Exchange("DP2xTP8+EP16 all-gather", True, 4, sent, 0, DP)
 
 
-def _remote_rows(tokens: int, w: Widths) -> float:
-    """(token, k) rows one rank sends away: its 1/TP share of the engine's tokens."""
-    return tokens / TP * w.top_k * (RANKS - 1) / RANKS
+def _remote_rows(tokens: int, w: Widths, split: int) -> float:
+    """(token, k) rows one rank sends away: its 1/split share of the engine's tokens."""
+    return tokens / split * w.top_k * (RANKS - 1) / RANKS
 
 
-def all_to_all_ep(tokens: int, w: Widths) -> Exchange:
-    # its int64 row count per expert, each to the rank owning the expert (all-to-all)
+def _split_layout(split: int) -> tuple[str, str, bool, int]:
+    """Label head and tail, built, engines served, for an exchange of tokens split over
+    ``split`` ranks: TP8 under DP2 (sequence-parallel MoE, built) or all 16 ranks of a
+    TP16 engine's replicated tokens (a projection)."""
+    if split == TP:
+        return "DP2xTP8+EP16", "", True, DP
+    return "TP16+EP16", " of split tokens", False, 1
+
+
+def all_to_all_ep(tokens: int, w: Widths, *, split: int = TP) -> Exchange:
+    # its int64 row count per expert, each to the rank owning the expert (all-to-all); the
+    # rows out and back; an all-gather over the split restores every token on every rank
+    head, tail, built, served = _split_layout(split)
     counts = w.experts * 8 * (RANKS - 1) / RANKS
-    rows = _remote_rows(tokens, w)
+    rows = _remote_rows(tokens, w, split)
     sent = (counts + 2 * rows * w.hidden * BF16
-            + ring_gather(tokens * w.hidden * BF16, TP))
-    return Exchange("DP2xTP8+EP16 all-to-all", True, 4, sent, 1, DP)
+            + ring_gather(tokens * w.hidden * BF16, split))
+    return Exchange(f"{head} all-to-all{tail}", built, 4, sent, 1, served)
 
 
-def mc2_ep(tokens: int, w: Widths, *, int8_dispatch: bool) -> Exchange:
-    rows = _remote_rows(tokens, w)
+def mc2_ep(tokens: int, w: Widths, *, int8_dispatch: bool, split: int = TP) -> Exchange:
+    head, tail, built, served = _split_layout(split)
+    rows = _remote_rows(tokens, w, split)
     dispatch = rows * (w.hidden * INT8 + FP32) if int8_dispatch else rows * w.hidden * BF16
-    sent = dispatch + rows * w.hidden * BF16 + ring_gather(tokens * w.hidden * BF16, TP)
-    label = "DP2xTP8+EP16 MC2" + (" (int8 dispatch, W8A8)" if int8_dispatch else "")
-    return Exchange(label, True, 3, sent, 0, DP)
-
-
-def tp16_ep16(tokens: int, w: Widths) -> Exchange:
-    return Exchange("TP16+EP16 all-reduce", True, 1,
-                    ring_all_reduce(tokens * w.hidden * BF16, RANKS), 0)
-
-
-def _split_rows(tokens: int, w: Widths) -> float:
-    """(token, k) rows one rank would send away with the replicated tokens split 16 ways."""
-    return tokens / RANKS * w.top_k * (RANKS - 1) / RANKS
-
-
-def tp16_ep16_split_all_to_all(tokens: int, w: Widths) -> Exchange:
-    """Not built: replicated tokens split over the 16 ranks for an all-to-all, then
-    all-gathered back so that every TP rank holds them all."""
-    counts = w.experts * 8 * (RANKS - 1) / RANKS
-    sent = (counts + 2 * _split_rows(tokens, w) * w.hidden * BF16
-            + ring_gather(tokens * w.hidden * BF16, RANKS))
-    return Exchange("TP16+EP16 all-to-all of split tokens", False, 4, sent, 1)
-
-
-def tp16_ep16_split_mc2_int8(tokens: int, w: Widths) -> Exchange:
-    """Not built: the same split through MC2 with the W8A8 int8 dispatch."""
-    rows = _split_rows(tokens, w)
-    sent = (rows * (w.hidden * INT8 + FP32) + rows * w.hidden * BF16
-            + ring_gather(tokens * w.hidden * BF16, RANKS))
-    return Exchange("TP16+EP16 MC2 of split tokens (int8 dispatch, W8A8)", False, 3, sent, 0)
+    sent = dispatch + rows * w.hidden * BF16 + ring_gather(tokens * w.hidden * BF16, split)
+    label = f"{head} MC2{tail}" + (" (int8 dispatch, W8A8)" if int8_dispatch else "")
+    return Exchange(label, built, 3, sent, 0, served)
 
 
 def table(tokens: int) -> list[dict]:
@@ -169,8 +154,9 @@ def table(tokens: int) -> list[dict]:
     for w in MODELS:
         layouts = (tp16(tokens, w), all_gather_ep(tokens, w), all_to_all_ep(tokens, w),
                    mc2_ep(tokens, w, int8_dispatch=False), mc2_ep(tokens, w, int8_dispatch=True),
-                   tp16_ep16(tokens, w), tp16_ep16_split_all_to_all(tokens, w),
-                   tp16_ep16_split_mc2_int8(tokens, w))
+                   replace(tp16(tokens, w), layout="TP16+EP16 all-reduce"),
+                   all_to_all_ep(tokens, w, split=RANKS),
+                   mc2_ep(tokens, w, int8_dispatch=True, split=RANKS))
         ours = [ex.row(tokens, w) for ex in layouts]
         for r in ours:
             r["vs_TP16"] = r["KiB_per_served_token"] / ours[0]["KiB_per_served_token"]

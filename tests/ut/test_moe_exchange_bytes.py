@@ -51,19 +51,21 @@ def test_all_to_all_sends_each_remote_row_twice_and_mc2_can_send_it_in_int8():
 def test_tp_ep_without_dp_splitting_replicated_tokens_buys_no_bytes_but_int8():
     """TP16 + EP16 without DP: 16 tokens held by every rank, 1 per rank once split."""
     # built: vLLM's all-reduce of 16 x 4 x 2 = 128 bytes, 2 * 15/16 of it
-    assert (bench.tp16_ep16(16, SMALL).calls, bench.tp16_ep16(16, SMALL).bytes_sent) == (1, 240)
+    built = {r["layout"]: r for r in bench.table(16) if r["model"] == "Qwen3-30B-A3B"}
+    assert built["TP16+EP16 all-reduce"]["calls"] == 1
+    assert (bench.tp16(16, SMALL).calls, bench.tp16(16, SMALL).bytes_sent) == (1, 240)
     # projection: 1 token x 2 rows per rank, 15/16 remote = 1.875 rows of 8 bytes each way,
     # 2 int64 counts (15 bytes remote), and the all-gather of the 16 slices (128 bytes: 120)
-    a2a = bench.tp16_ep16_split_all_to_all(16, SMALL)
+    a2a = bench.all_to_all_ep(16, SMALL, split=bench.RANKS)
     assert (a2a.calls, a2a.host_reads, a2a.built) == (4, 1, False)
     assert a2a.bytes_sent == pytest.approx(15 + 2 * 1.875 * 8 + 120)
     # MC2, int8 out (4 bytes + a 4-byte scale per row), bf16 back, then the all-gather
-    mc2 = bench.tp16_ep16_split_mc2_int8(16, SMALL)
+    mc2 = bench.mc2_ep(16, SMALL, int8_dispatch=True, split=bench.RANKS)
     assert (mc2.calls, mc2.host_reads) == (3, 0)
     assert mc2.bytes_sent == pytest.approx(1.875 * 8 + 1.875 * 8 + 120)
     # at hidden 8 the int8 row (8 + 4 scale bytes) is lighter than the bf16 one (16)
     wide = bench.Widths("wide", hidden=8, experts=2, top_k=2, moe_layers=1)
-    assert bench.tp16_ep16_split_mc2_int8(16, wide).bytes_sent == pytest.approx(
+    assert bench.mc2_ep(16, wide, int8_dispatch=True, split=bench.RANKS).bytes_sent == pytest.approx(
         1.875 * 12 + 1.875 * 16 + 15 / 16 * 16 * 8 * 2)
 
 
