@@ -30,19 +30,19 @@ No timing. Layouts (one Atlas 800 pair, 16 NPUs):
   most 512 tokens per rank): the same rows as all-to-all in two fused kernels, no host
   read. For W8A8 experts the dispatch quantizes the rows (``quant_mode=2``: int8 with a
   float32 scale per row; the "int8 dispatch" row); float experts send bf16.
-- **TP16 + EP16, all-reduce** (built: ``--enable-expert-parallel`` without DP): every rank
-  holds the same tokens (no sequence-parallel MoE without DP in vLLM 0.32), computes its 16
-  whole experts for all of them, and vLLM all-reduces the partial outputs: TP16's bytes and
-  call.
-- **TP16 + EP16, all-to-all or MC2 of split tokens** (projections, not built: why the
-  plugin refuses ``moe_dispatch: "alltoall"`` / ``"mc2"`` with TP > 1 and replicated
-  tokens): each rank would dispatch 1/16 of the step's tokens, exchange their rows both
-  ways, then all-gather the 16 slices so that every TP rank holds every token again. At
-  top-k 8 the rows out and back weigh as much as the all-reduce's first half and the
-  all-gather as its second: the same bytes in three or four calls instead of one (and a
-  host read for the all-to-all). Only MC2's int8 dispatch (W8A8) saves: an eighth of the
-  bytes. No layout that splits the tokens anyway (DP, or sequence-parallel attention) means
-  nothing to gain from the exchange itself.
+- **TP16 + EP16, all-reduce** (built: ``--enable-expert-parallel`` without DP, ``auto``):
+  every rank holds the same tokens (vLLM 0.32 runs its MoE blocks sequence-parallel only
+  with DP), computes its 16 whole experts for all of them, and vLLM all-reduces the
+  partial outputs: TP16's bytes and call.
+- **TP16 + EP16, all-to-all or MC2 of split tokens** (built for DeepSeek-V3.2, whose MoE
+  block is the plugin's, with ``moe_dispatch: "alltoall"`` / ``"mc2"``,
+  ``moe/token_split.py``; a projection for Qwen3-30B-A3B, whose block is vLLM's and where
+  the plugin refuses them): each rank dispatches 1/16 of the step's tokens, exchanges their
+  rows both ways, then all-gathers the 16 slices so that every TP rank holds every token
+  again. At top-k 8 the rows out and back weigh as much as the all-reduce's first half and
+  the all-gather as its second: the same bytes in three or four calls instead of one (and
+  a host read for the all-to-all). Only MC2's int8 dispatch (W8A8) saves: an eighth of the
+  bytes; which is why ``auto`` keeps the all-reduce there.
 
 Routing is taken as uniform (each of a token's k rows on any rank with probability 1/16);
 real routing moves the all-to-all figures, not the all-gather ones. The 16 ranks serve one
@@ -69,9 +69,11 @@ class Widths:
     experts: int
     top_k: int
     moe_layers: int
+    own_block: bool = False   # the plugin's MoE block, which splits tokens over TP without DP
 
 
-MODELS = (Widths("DeepSeek-V3.2", 7168, 256, 8, 58), Widths("Qwen3-30B-A3B", 2048, 128, 8, 48))
+MODELS = (Widths("DeepSeek-V3.2", 7168, 256, 8, 58, own_block=True),
+          Widths("Qwen3-30B-A3B", 2048, 128, 8, 48))
 
 
 @dataclass(frozen=True)
@@ -120,19 +122,20 @@ def _remote_rows(tokens: int, w: Widths, split: int) -> float:
     return tokens / split * w.top_k * (RANKS - 1) / RANKS
 
 
-def _split_layout(split: int) -> tuple[str, str, bool, int]:
+def _split_layout(split: int, w: Widths) -> tuple[str, str, bool, int]:
     """Label head and tail, built, engines served, for an exchange of tokens split over
     ``split`` ranks: TP8 under DP2 (sequence-parallel MoE, built) or all 16 ranks of a
-    TP16 engine's replicated tokens (a projection)."""
+    TP16 engine (built for the plugin's own MoE block, opt-in; a projection for vLLM's
+    blocks, which keep the tokens replicated without DP)."""
     if split == TP:
         return "DP2xTP8+EP16", "", True, DP
-    return "TP16+EP16", " of split tokens", False, 1
+    return "TP16+EP16", " of split tokens", w.own_block, 1
 
 
 def all_to_all_ep(tokens: int, w: Widths, *, split: int = TP) -> Exchange:
     # its int64 row count per expert, each to the rank owning the expert (all-to-all); the
     # rows out and back; an all-gather over the split restores every token on every rank
-    head, tail, built, served = _split_layout(split)
+    head, tail, built, served = _split_layout(split, w)
     counts = w.experts * 8 * (RANKS - 1) / RANKS
     rows = _remote_rows(tokens, w, split)
     sent = (counts + 2 * rows * w.hidden * BF16
@@ -141,7 +144,7 @@ def all_to_all_ep(tokens: int, w: Widths, *, split: int = TP) -> Exchange:
 
 
 def mc2_ep(tokens: int, w: Widths, *, int8_dispatch: bool, split: int = TP) -> Exchange:
-    head, tail, built, served = _split_layout(split)
+    head, tail, built, served = _split_layout(split, w)
     rows = _remote_rows(tokens, w, split)
     dispatch = rows * (w.hidden * INT8 + FP32) if int8_dispatch else rows * w.hidden * BF16
     sent = dispatch + rows * w.hidden * BF16 + ring_gather(tokens * w.hidden * BF16, split)

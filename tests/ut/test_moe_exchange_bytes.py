@@ -69,6 +69,14 @@ def test_tp_ep_without_dp_splitting_replicated_tokens_buys_no_bytes_but_int8():
         1.875 * 12 + 1.875 * 16 + 15 / 16 * 16 * 8 * 2)
 
 
+def test_the_split_exchanges_are_built_for_the_plugins_block_and_projected_for_vllms():
+    split = ("TP16+EP16 all-to-all of split tokens",
+             "TP16+EP16 MC2 of split tokens (int8 dispatch, W8A8)")
+    built = {(r["model"], r["layout"]): r["built"] for r in bench.table(16)}
+    assert [built["DeepSeek-V3.2", s] for s in split] == [True, True]
+    assert [built["Qwen3-30B-A3B", s] for s in split] == [False, False]
+
+
 def test_at_deepseek_width_the_split_all_to_all_moves_what_the_all_reduce_moves():
     rows = {r["layout"]: r for r in bench.table(256) if r["model"] == "DeepSeek-V3.2"}
     reduce = rows["TP16+EP16 all-reduce"]["MiB_sent_per_layer"]

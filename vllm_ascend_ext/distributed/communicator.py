@@ -19,7 +19,8 @@ model would be wrong on it. This class adds them:
   (``AgRsAll2AllManager``: every DP rank gathers all ranks' tokens and router logits,
   computes its share of the experts, and the partial sums are reduce-scattered back),
   created for the groups vLLM asks it for (``use_all2all``: the EP group when DP > 1 or
-  sequence-parallel MoE).
+  sequence-parallel MoE), and for the EP group when the plugin's MoE blocks run
+  sequence-parallel under TP + EP without DP (``moe/token_split.py``).
 
 The collectives are torch.distributed calls on the group vLLM built with the platform's
 ``dist_backend`` ("hccl" on the NPU platform, gloo on the emulated one): one class, one
@@ -57,6 +58,20 @@ def _check_sizes(sizes: list[int] | None, world_size: int, what: str) -> list[in
     return [int(s) for s in sizes]
 
 
+def _splits_without_dp() -> bool:
+    """The plugin's MoE blocks split the tokens over TP without DP (``moe/token_split.py``):
+    the EP group takes the MoE exchange too (a layer's all-gather steps), though vLLM asks
+    for it only with DP or its own sequence-parallel MoE."""
+    from vllm.config.vllm import get_current_vllm_config_or_none
+
+    from vllm_ascend_ext.config import get_config
+    from vllm_ascend_ext.moe.token_split import splits_without_dp
+
+    config = get_current_vllm_config_or_none()     # None: a group built outside an engine
+    return config is not None and splits_without_dp(config.parallel_config,
+                                                    get_config(config).moe_dispatch)
+
+
 class AscendCommunicator(XpuCommunicator):
     """See the module docstring (why the XPU class is the base: graph capture only)."""
 
@@ -66,6 +81,8 @@ class AscendCommunicator(XpuCommunicator):
                                         use_all2all=use_all2all, **kwargs)
         # What vLLM's graph_capture reads: no custom all-reduce with a capture context
         self.ca_comm = None
+        if not self.use_all2all and unique_name.startswith("ep:"):
+            self.use_all2all = _splits_without_dp()
         if self.use_all2all:
             from vllm.distributed.device_communicators.all2all import AgRsAll2AllManager
 

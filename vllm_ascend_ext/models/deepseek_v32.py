@@ -171,11 +171,12 @@ class DsaDecoderLayer(nn.Module):
         moe = (getattr(config, "n_routed_experts", None) is not None
                and idx >= config.first_k_dense_replace
                and idx % getattr(config, "moe_layer_freq", 1) == 0)
-        layer_ops = get_config(vllm_config).layer_ops
+        plugin = get_config(vllm_config)
+        layer_ops = plugin.layer_ops
         if moe:
             self.mlp = DsaMoE(config=config, parallel_config=vllm_config.parallel_config,
                               quant_config=vllm_config.quant_config, prefix=f"{prefix}.mlp",
-                              layer_ops=layer_ops)
+                              layer_ops=layer_ops, moe_dispatch=plugin.moe_dispatch)
         else:
             self.mlp = DsaMLP(layer_ops=layer_ops, hidden_size=config.hidden_size,
                               intermediate_size=config.intermediate_size,

@@ -23,6 +23,7 @@ from vllm.model_executor.models.utils import sequence_parallel_chunk
 
 from vllm_ascend_ext.layers.switch import contract_in_trace
 from vllm_ascend_ext.layers.w8a8_mlp import takes_fused_w8a8_mlp, w8a8_mlp, w8a8_mlp_prequantized
+from vllm_ascend_ext.moe.token_split import sequence_parallel_moe
 from vllm_ascend_ext.platform.soc import current_family
 from vllm_ascend_ext.quantization.w8a8_dynamic import apply_prequantized
 
@@ -55,12 +56,15 @@ class DsaMoE(nn.Module):
     plugin's shared expert (module docstring)."""
 
     def __init__(self, *, config, parallel_config, quant_config, prefix: str,
-                 layer_ops: str) -> None:
+                 layer_ops: str, moe_dispatch: str = "auto") -> None:
         super().__init__()
         if config.hidden_act != "silu":
             raise ValueError(f"{prefix}: hidden_act {config.hidden_act!r}; DeepSeek MoE "
                              "layers take 'silu'")
-        self.is_sequence_parallel = parallel_config.use_sequence_parallel_moe
+        # vLLM's rule (DP x TP with EP), and TP + EP without DP when a token exchange is
+        # asked for (moe/token_split.py)
+        self.is_sequence_parallel = sequence_parallel_moe(parallel_config, moe_dispatch,
+                                                          own_block=True)
         self.gate = GateLinear(config.hidden_size, config.n_routed_experts,
                                out_dtype=_get_moe_router_dtype(config),
                                prefix=f"{prefix}.gate")

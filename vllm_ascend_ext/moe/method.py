@@ -129,12 +129,16 @@ def every_expert_map(layer):
     return maps
 
 
-def step_tokens() -> int:
+def step_tokens(x: torch.Tensor) -> int:
     """The most tokens any EP rank brings to this step's MoE layers: vLLM's per-rank sizes
-    of the step (host integers every rank holds alike, set around the layer's forward)."""
+    of the step (host integers every rank holds alike, set around the layer's forward);
+    without DP metadata (TP + EP without DP, the plugin's block splitting the tokens:
+    ``moe/token_split.py``) every TP rank holds an equal share, ``x``'s rows (a host
+    size: vLLM's ``sequence_parallel_chunk`` pads the step to a multiple of TP)."""
     from vllm.forward_context import get_forward_context
 
-    return max(get_forward_context().dp_metadata.get_chunk_sizes_across_dp_rank())
+    dp = get_forward_context().dp_metadata
+    return x.shape[0] if dp is None else max(dp.get_chunk_sizes_across_dp_rank())
 
 
 def graph_step() -> bool:
@@ -241,7 +245,7 @@ class MonolithicEntry:
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The layer's routed-expert sum for this rank's tokens, through the step's
         exchange (``moe/step_route.py``)."""
-        route = step_route(self.mc2, self.a2a is not None, step_tokens, graph_step)
+        route = step_route(self.mc2, self.a2a is not None, lambda: step_tokens(x), graph_step)
         if route == ALLGATHER:     # a larger step of a step-sized MC2 layer, a graph step
             x, router_logits = ep_group().dispatch_router_logits(x, router_logits,
                                                                  self.sequence_parallel)
