@@ -1,7 +1,9 @@
 """Feed bad ``ascend_ext`` configs to vLLM's own engine-config path (emulated).
 
 Prints one JSON line: for each config (then a bad config through ``LLM(...)``, an fp8
-KV cache, data parallelism with a MoE and a dense model, MC2 forced on an A2, a bad ``ASCEND_EXT_SOC``), the exception type and message raised by
+KV cache, data parallelism with a MoE and a dense model, MC2 forced on an A2, the
+all-to-all forced on TP + EP without DP for vLLM's MoE blocks, a bad ``ASCEND_EXT_SOC``),
+the exception type and message raised by
 ``EngineArgs(...).create_engine_config()``, which runs the platform's
 ``check_and_update_config`` before any model weight is loaded.
 """
@@ -58,6 +60,11 @@ def main() -> None:
     mc2 = dict(model=tiny_qwen_moe_path(), data_parallel_size=2, enable_expert_parallel=True)
     results.append(attempt(**mc2, additional_config={"ascend_ext": {"moe_dispatch": "mc2"}}))
     results.append(attempt(**mc2, additional_config={"ascend_ext": {"moe_dispatch": "auto"}}))
+    # The all-to-all forced on TP2 + EP2 without DP for a model whose MoE blocks are vLLM's
+    # (every TP rank holds the same tokens): refused, saying so.
+    results.append(attempt(model=tiny_qwen_moe_path(), tensor_parallel_size=2,
+                           enable_expert_parallel=True,
+                           additional_config={"ascend_ext": {"moe_dispatch": "alltoall"}}))
     # The SoC to emulate is read when the config is checked.
     os.environ["ASCEND_EXT_SOC"] = "ascend999"
     results.append(attempt())

@@ -16,7 +16,7 @@ from vllm_ascend_ext.moe.token_split import (
     splits_without_dp,
 )
 from vllm_ascend_ext.platform.config_hooks import refuse_forced_dispatch
-from vllm_ascend_ext.platform.facts import ModelFacts
+from vllm_ascend_ext.platform.facts import ModelFacts, serves_own_moe_block
 
 
 def _par(tp=2, dp=1, ep=True, pcp=1, vllm_sp=False):
@@ -45,8 +45,9 @@ def test_only_the_plugins_own_block_adds_the_split_to_vllms_rule():
     assert sequence_parallel_moe(vllm_sp, "allgather", own_block=True)
 
 
-def test_the_hint_points_vllms_blocks_at_data_parallelism():
-    assert "--data-parallel-size > 1" in replicated_hint(_par(), "alltoall", own_block=False)
+def test_the_hint_says_vllms_blocks_hold_the_same_tokens_without_data_parallelism():
+    assert "every TP rank holds the same tokens" in replicated_hint(_par(), "alltoall",
+                                                                    own_block=False)
     assert replicated_hint(_par(), "alltoall", own_block=True) == ""
     assert replicated_hint(_par(dp=2), "alltoall", own_block=False) == ""
 
@@ -70,7 +71,8 @@ def test_a_forced_exchange_under_tp_ep_without_dp_starts_only_for_the_plugins_bl
     the tokens and starts; vLLM's block keeps them replicated and is refused, naming why
     and what would split them."""
     refuse_forced_dispatch(_vllm_config(setting), "A3", OWN)
-    with pytest.raises(refused, match=r"cannot run here: .*--data-parallel-size > 1"):
+    with pytest.raises(refused, match=r"cannot run here: .*MoE blocks are vLLM's: without "
+                                      r"data parallelism every TP rank holds the same tokens"):
         refuse_forced_dispatch(_vllm_config(setting), "A3", VLLMS)
     # the plugin's block without expert parallelism: no exchange to take, still refused
     with pytest.raises(refused, match="no expert-parallel token exchange"):
@@ -83,3 +85,10 @@ def test_the_split_sizes_mc2s_buffers_for_each_tp_ranks_share():
     refuse_forced_dispatch(_vllm_config("mc2"), "A3", OWN)
     with pytest.raises(Mc2Refused, match="hidden"):
         refuse_forced_dispatch(_vllm_config("mc2", hidden=512), "A3", OWN)
+
+
+def test_the_plugins_block_serves_the_dsa_architectures_only():
+    for arch in ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"):
+        assert serves_own_moe_block(SimpleNamespace(architectures=[arch]))
+    for archs in (["Qwen3MoeForCausalLM"], ["Qwen2MoeForCausalLM"], None):
+        assert not serves_own_moe_block(SimpleNamespace(architectures=archs))

@@ -133,8 +133,9 @@ def _npu_platform() -> dict:
             "expert_parallel": "accepted (--enable-expert-parallel): each rank computes its "
                                "own experts (linear or round-robin placement), tokens "
                                "exchanged by vLLM's all-gather / reduce-scatter through the "
-                               "plugin's communicator; EPLB and other --all2all-backend "
-                               "values refused",
+                               "plugin's communicator (TP without DP: the TP all-reduce), "
+                               "or by MC2 / all-to-all (ep_dispatcher); EPLB and other "
+                               "--all2all-backend values refused",
             "ep_dispatcher": _ep_dispatchers(),
         },
         "gdn": _gdn_ops(),
@@ -212,6 +213,9 @@ def _ep_dispatchers() -> dict:
                       "(any SoC) is opt-in: its split sizes are one host read per MoE layer "
                       "and step; it takes the eager steps MC2 does not (decode-graph steps "
                       "take MC2 or the all-gather)")
+    out["tp_ep_without_dp"] = ("the TP all-reduce (auto); mc2 or alltoall split the tokens "
+                               "over the TP ranks for the plugin's DeepSeek-V3.2 / GLM-5 MoE "
+                               "block (refused for vLLM's blocks: replicated tokens)")
     return out
 
 

@@ -9,7 +9,9 @@ time, and vLLM's forward otherwise. ``DsaMoE`` is the MoE block vLLM's
 the plugin's MoE method underneath) with a ``DsaMLP`` as its shared expert: vLLM's block
 builds its shared expert inside its constructor, so the plugin's model builds the
 block itself. vLLM's fused-MoE layer runs the shared expert and combines it with the
-routed experts, as for vLLM's block.
+routed experts, as for vLLM's block. Unlike vLLM's block, it also runs sequence-parallel
+under TP + EP without DP when ``ascend_ext.moe_dispatch`` asks for a token exchange
+(``moe/token_split.py``).
 """
 
 from __future__ import annotations

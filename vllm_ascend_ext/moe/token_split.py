@@ -19,7 +19,7 @@ every token, in place of the all-reduce. What that buys, in bytes and calls per 
 all-reduce moves, in four calls and one host read; MC2 with W8A8's int8 rows moves 0.88x
 of it in three calls. ``auto`` keeps the all-reduce. vLLM's own MoE blocks (Qwen MoE,
 Qwen3-Next / Qwen3.5) decide for themselves and stay on the all-reduce: for them a forced
-exchange is refused by name, with DP as the way to split the tokens.
+exchange is refused by name (with DP, vLLM runs some of them sequence-parallel).
 """
 
 from __future__ import annotations
@@ -50,5 +50,6 @@ def replicated_hint(parallel_config, moe_dispatch: str, own_block: bool) -> str:
     them ("" when the block splits them already or the layout has nothing to add)."""
     if own_block or not splits_without_dp(parallel_config, moe_dispatch):
         return ""
-    return ("this model's MoE blocks are vLLM's, which split the tokens over the TP ranks "
-            "only with data parallelism (--data-parallel-size > 1)")
+    return ("this model's MoE blocks are vLLM's: without data parallelism every TP rank "
+            "holds the same tokens (with --data-parallel-size > 1 vLLM runs some of them, "
+            "Qwen3-MoE's among them, sequence-parallel)")
