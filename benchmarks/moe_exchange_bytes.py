@@ -41,8 +41,9 @@ No timing. Layouts (one Atlas 800 pair, 16 NPUs):
   rows both ways, then all-gathers the 16 slices so that every TP rank holds every token
   again. At top-k 8 the rows out and back weigh as much as the all-reduce's first half and
   the all-gather as its second: the same bytes in three or four calls instead of one (and
-  a host read for the all-to-all). Only MC2's int8 dispatch (W8A8) saves: an eighth of the
-  bytes; which is why ``auto`` keeps the all-reduce there.
+  a host read for the all-to-all); MC2 with bf16 rows likewise (not tabled). Only MC2's
+  int8 dispatch (W8A8, the tabled MC2 row) saves: an eighth of the bytes, which is why
+  ``auto`` keeps the all-reduce there.
 
 Routing is taken as uniform (each of a token's k rows on any rank with probability 1/16);
 real routing moves the all-to-all figures, not the all-gather ones. The 16 ranks serve one

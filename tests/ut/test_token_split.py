@@ -15,7 +15,7 @@ from vllm_ascend_ext.moe.token_split import (
     sequence_parallel_moe,
     splits_without_dp,
 )
-from vllm_ascend_ext.platform.config_hooks import refuse_forced_dispatch
+from vllm_ascend_ext.platform.config_hooks import dispatch_gate_facts, refuse_forced_dispatch
 from vllm_ascend_ext.platform.facts import ModelFacts, serves_own_moe_block
 
 
@@ -80,9 +80,13 @@ def test_a_forced_exchange_under_tp_ep_without_dp_starts_only_for_the_plugins_bl
 
 
 def test_the_split_sizes_mc2s_buffers_for_each_tp_ranks_share():
-    """256 tokens over TP2: 128 per rank, within A3's 512; MC2's other bounds still apply
-    to the split layout (A3 documents hidden >= 1024)."""
-    refuse_forced_dispatch(_vllm_config("mc2"), "A3", OWN)
+    """256 tokens over TP2: 128 per rank for the plugin's block, the whole 256 replicated
+    on each rank for vLLM's; MC2's other bounds still apply to the split layout (A3
+    documents hidden >= 1024)."""
+    own = dispatch_gate_facts(_vllm_config("mc2"), "A3", True, 16)
+    assert (own.capacity, own.exchange, own.replicated, own.ep_world_size) == (128, True, False, 2)
+    vllms = dispatch_gate_facts(_vllm_config("mc2"), "A3", False, 16)
+    assert (vllms.capacity, vllms.exchange, vllms.replicated) == (256, False, True)
     with pytest.raises(Mc2Refused, match="hidden"):
         refuse_forced_dispatch(_vllm_config("mc2", hidden=512), "A3", OWN)
 

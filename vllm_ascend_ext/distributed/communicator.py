@@ -81,7 +81,7 @@ class AscendCommunicator(XpuCommunicator):
                                         use_all2all=use_all2all, **kwargs)
         # What vLLM's graph_capture reads: no custom all-reduce with a capture context
         self.ca_comm = None
-        if not self.use_all2all and unique_name.startswith("ep:"):
+        if not self.use_all2all and self.is_ep_communicator:
             self.use_all2all = _splits_without_dp()
         if self.use_all2all:
             from vllm.distributed.device_communicators.all2all import AgRsAll2AllManager

@@ -129,16 +129,21 @@ def every_expert_map(layer):
     return maps
 
 
-def step_tokens(x: torch.Tensor) -> int:
+def step_tokens(x: torch.Tensor, dp_size: int) -> int:
     """The most tokens any EP rank brings to this step's MoE layers: vLLM's per-rank sizes
     of the step (host integers every rank holds alike, set around the layer's forward);
-    without DP metadata (TP + EP without DP, the plugin's block splitting the tokens:
+    with DP 1 and no DP metadata (TP + EP, the plugin's block splitting the tokens:
     ``moe/token_split.py``) every TP rank holds an equal share, ``x``'s rows (a host
     size: vLLM's ``sequence_parallel_chunk`` pads the step to a multiple of TP)."""
     from vllm.forward_context import get_forward_context
 
     dp = get_forward_context().dp_metadata
-    return x.shape[0] if dp is None else max(dp.get_chunk_sizes_across_dp_rank())
+    if dp is not None:
+        return max(dp.get_chunk_sizes_across_dp_rank())
+    if dp_size > 1:      # each DP rank would size the step by its own tokens
+        raise RuntimeError(f"an expert-parallel MoE step over {dp_size} DP ranks without "
+                           "vLLM's DP metadata: the ranks cannot agree on the exchange")
+    return x.shape[0]
 
 
 def graph_step() -> bool:
@@ -245,7 +250,8 @@ class MonolithicEntry:
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The layer's routed-expert sum for this rank's tokens, through the step's
         exchange (``moe/step_route.py``)."""
-        route = step_route(self.mc2, self.a2a is not None, lambda: step_tokens(x), graph_step)
+        route = step_route(self.mc2, self.a2a is not None,
+                           lambda: step_tokens(x, layer.moe_config.dp_size), graph_step)
         if route == ALLGATHER:     # a larger step of a step-sized MC2 layer, a graph step
             x, router_logits = ep_group().dispatch_router_logits(x, router_logits,
                                                                  self.sequence_parallel)

@@ -19,7 +19,7 @@ every token, in place of the all-reduce. What that buys, in bytes and calls per 
 all-reduce moves, in four calls and one host read; MC2 with W8A8's int8 rows moves 0.88x
 of it in three calls. ``auto`` keeps the all-reduce. vLLM's own MoE blocks (Qwen MoE,
 Qwen3-Next / Qwen3.5) decide for themselves and stay on the all-reduce: for them a forced
-exchange is refused by name (with DP, vLLM runs some of them sequence-parallel).
+exchange is refused by name.
 """
 
 from __future__ import annotations
@@ -51,5 +51,5 @@ def replicated_hint(parallel_config, moe_dispatch: str, own_block: bool) -> str:
     if own_block or not splits_without_dp(parallel_config, moe_dispatch):
         return ""
     return ("this model's MoE blocks are vLLM's: without data parallelism every TP rank "
-            "holds the same tokens (with --data-parallel-size > 1 vLLM runs some of them, "
-            "Qwen3-MoE's among them, sequence-parallel)")
+            "holds the same tokens (only the plugin's DeepSeek-V3.2 / GLM-5 block splits "
+            "them there)")
