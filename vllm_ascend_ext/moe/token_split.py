@@ -46,8 +46,9 @@ def sequence_parallel_moe(parallel_config, moe_dispatch: str, own_block: bool) -
 
 
 def replicated_hint(parallel_config, moe_dispatch: str, own_block: bool) -> str:
-    """What a refusal of a forced exchange over replicated TP tokens adds: how to split
-    them ("" when the block splits them already or the layout has nothing to add)."""
+    """What a refusal of a forced exchange over replicated TP tokens adds under TP + EP
+    without DP: why the tokens stay replicated ("" for the plugin's block, which splits
+    them, and for other layouts, whose refusals say enough)."""
     if own_block or not splits_without_dp(parallel_config, moe_dispatch):
         return ""
     return ("this model's MoE blocks are vLLM's: without data parallelism every TP rank "
