@@ -34,16 +34,18 @@ No timing. Layouts (one Atlas 800 pair, 16 NPUs):
   every rank holds the same tokens (vLLM 0.32 runs its MoE blocks sequence-parallel only
   with DP), computes its 16 whole experts for all of them, and vLLM all-reduces the
   partial outputs: TP16's bytes and call.
-- **TP16 + EP16, all-to-all or MC2 of split tokens** (built for DeepSeek-V3.2, whose MoE
-  block is the plugin's, with ``moe_dispatch: "alltoall"`` / ``"mc2"``,
-  ``moe/token_split.py``; a projection for Qwen3-30B-A3B, whose block is vLLM's and where
-  the plugin refuses them): each rank dispatches 1/16 of the step's tokens, exchanges their
-  rows both ways, then all-gathers the 16 slices so that every TP rank holds every token
-  again. At top-k 8 the rows out and back weigh as much as the all-reduce's first half and
-  the all-gather as its second: the same bytes in three or four calls instead of one (and
-  a host read for the all-to-all); MC2 with bf16 rows likewise (not tabled). Only MC2's
-  int8 dispatch (W8A8, the tabled MC2 row) saves: an eighth of the bytes, which is why
-  ``auto`` keeps the all-reduce there.
+- **TP16 + EP16, all-to-all or MC2 of split tokens** (built, opt-in: ``moe_dispatch:
+  "alltoall"`` / ``"mc2"``, ``moe/token_split.py``): each rank dispatches 1/16 of the
+  step's tokens, exchanges their rows both ways, then all-gathers the 16 slices so that
+  every TP rank holds every token again. DeepSeek-V3.2's MoE block (the plugin's) splits
+  before the layer, its shared expert running on the same slice; vLLM's blocks (Qwen MoE,
+  Qwen3-Next) hand the layer every token and the layer splits them (``moe/tp_split.py``),
+  their shared experts, sliced over TP, adding an all-reduce of their own (Qwen3-Next;
+  Qwen3-30B-A3B has none). At top-k 8 the rows out and back weigh as much as the
+  all-reduce's first half and the all-gather as its second: the same bytes in three or
+  four calls instead of one (and a host read for the all-to-all); MC2 with bf16 rows
+  likewise (not tabled). Only MC2's int8 dispatch (W8A8, the tabled MC2 row) saves: an
+  eighth of the bytes, which is why ``auto`` keeps the all-reduce there.
 
 Routing is taken as uniform (each of a token's k rows on any rank with probability 1/16);
 real routing moves the all-to-all figures, not the all-gather ones. The 16 ranks serve one
@@ -70,11 +72,13 @@ class Widths:
     experts: int
     top_k: int
     moe_layers: int
-    own_block: bool = False   # the plugin's MoE block, which splits tokens over TP without DP
+    # shared experts sliced over TP in vLLM's block: a split layer all-reduces them apart
+    shared_all_reduce: bool = False
 
 
-MODELS = (Widths("DeepSeek-V3.2", 7168, 256, 8, 58, own_block=True),
-          Widths("Qwen3-30B-A3B", 2048, 128, 8, 48))
+MODELS = (Widths("DeepSeek-V3.2", 7168, 256, 8, 58),
+          Widths("Qwen3-30B-A3B", 2048, 128, 8, 48),
+          Widths("Qwen3-Next-80B-A3B", 2048, 512, 10, 48, shared_all_reduce=True))
 
 
 @dataclass(frozen=True)
@@ -123,34 +127,36 @@ def _remote_rows(tokens: int, w: Widths, split: int) -> float:
     return tokens / split * w.top_k * (RANKS - 1) / RANKS
 
 
-def _split_layout(split: int, w: Widths) -> tuple[str, str, bool, int]:
-    """Label head and tail, built, engines served, for an exchange of tokens split over
-    ``split`` ranks: TP8 under DP2 (sequence-parallel MoE, built) or all 16 ranks of a
-    TP16 engine (built for the plugin's own MoE block, opt-in; a projection for vLLM's
-    blocks, which keep the tokens replicated without DP)."""
+def _split_layout(tokens: int, split: int, w: Widths) -> tuple[str, str, int, int, float]:
+    """Label head and tail, engines served, and the extra calls and bytes, for an
+    exchange of tokens split over ``split`` ranks: TP8 under DP2 (vLLM's sequence-parallel
+    MoE) or all 16 ranks of a TP16 engine (opt-in; a split layer of vLLM's block with
+    shared experts adds their all-reduce)."""
     if split == TP:
-        return "DP2xTP8+EP16", "", True, DP
-    return "TP16+EP16", " of split tokens", w.own_block, 1
+        return "DP2xTP8+EP16", "", DP, 0, 0.0
+    if w.shared_all_reduce:
+        return "TP16+EP16", " of split tokens", 1, 1, tp16(tokens, w).bytes_sent
+    return "TP16+EP16", " of split tokens", 1, 0, 0.0
 
 
 def all_to_all_ep(tokens: int, w: Widths, *, split: int = TP) -> Exchange:
     # its int64 row count per expert, each to the rank owning the expert (all-to-all); the
     # rows out and back; an all-gather over the split restores every token on every rank
-    head, tail, built, served = _split_layout(split, w)
+    head, tail, served, calls, shared = _split_layout(tokens, split, w)
     counts = w.experts * 8 * (RANKS - 1) / RANKS
     rows = _remote_rows(tokens, w, split)
     sent = (counts + 2 * rows * w.hidden * BF16
             + ring_gather(tokens * w.hidden * BF16, split))
-    return Exchange(f"{head} all-to-all{tail}", built, 4, sent, 1, served)
+    return Exchange(f"{head} all-to-all{tail}", True, 4 + calls, sent + shared, 1, served)
 
 
 def mc2_ep(tokens: int, w: Widths, *, int8_dispatch: bool, split: int = TP) -> Exchange:
-    head, tail, built, served = _split_layout(split, w)
+    head, tail, served, calls, shared = _split_layout(tokens, split, w)
     rows = _remote_rows(tokens, w, split)
     dispatch = rows * (w.hidden * INT8 + FP32) if int8_dispatch else rows * w.hidden * BF16
     sent = dispatch + rows * w.hidden * BF16 + ring_gather(tokens * w.hidden * BF16, split)
     label = f"{head} MC2{tail}" + (" (int8 dispatch, W8A8)" if int8_dispatch else "")
-    return Exchange(label, built, 3, sent, 0, served)
+    return Exchange(label, True, 3 + calls, sent + shared, 0, served)
 
 
 def table(tokens: int) -> list[dict]:

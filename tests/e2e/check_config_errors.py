@@ -2,7 +2,8 @@
 
 Prints one JSON line: for each config (then a bad config through ``LLM(...)``, an fp8
 KV cache, data parallelism with a MoE and a dense model, MC2 forced on an A2, the
-all-to-all forced on TP + EP without DP for vLLM's MoE blocks, a bad ``ASCEND_EXT_SOC``),
+all-to-all forced on TP2 + EP2 without DP for vLLM's MoE blocks and on TP2 without EP, a
+bad ``ASCEND_EXT_SOC``),
 the exception type and message raised by
 ``EngineArgs(...).create_engine_config()``, which runs the platform's
 ``check_and_update_config`` before any model weight is loaded.
@@ -60,11 +61,13 @@ def main() -> None:
     mc2 = dict(model=tiny_qwen_moe_path(), data_parallel_size=2, enable_expert_parallel=True)
     results.append(attempt(**mc2, additional_config={"ascend_ext": {"moe_dispatch": "mc2"}}))
     results.append(attempt(**mc2, additional_config={"ascend_ext": {"moe_dispatch": "auto"}}))
-    # The all-to-all forced on TP2 + EP2 without DP for a model whose MoE blocks are vLLM's
-    # (every TP rank holds the same tokens): refused, saying so.
-    results.append(attempt(model=tiny_qwen_moe_path(), tensor_parallel_size=2,
-                           enable_expert_parallel=True,
-                           additional_config={"ascend_ext": {"moe_dispatch": "alltoall"}}))
+    # The all-to-all forced on TP2 + EP2 without DP for a model whose MoE blocks are vLLM's:
+    # its layers split the tokens over TP (moe/tp_split.py), it starts; on TP2 without
+    # expert parallelism there is nothing to exchange: refused, saying so.
+    a2a = {"ascend_ext": {"moe_dispatch": "alltoall"}}
+    for ep in (True, False):
+        results.append(attempt(model=tiny_qwen_moe_path(), tensor_parallel_size=2,
+                               enable_expert_parallel=ep, additional_config=a2a))
     # The SoC to emulate is read when the config is checked.
     os.environ["ASCEND_EXT_SOC"] = "ascend999"
     results.append(attempt())

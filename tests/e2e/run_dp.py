@@ -271,6 +271,9 @@ def _facts(wrapper) -> dict:
             "sequence_parallel_moe": worker.vllm_config.parallel_config.use_sequence_parallel_moe,
             "sequence_parallel_layers": sum(bool(m.sequence_parallel)
                                             for m in _moe_methods(worker.model_runner.model)),
+            # layers that split the tokens over TP themselves (moe/tp_split.py)
+            "tp_split_layers": sum(m.moe_kernel is not None
+                                   for m in _moe_methods(worker.model_runner.model)),
             "worker": type(worker).__name__, "runner": type(worker.model_runner).__name__,
             "runtime": getattr(runtime, "__stand_in__", None) if runtime is not None else None,
             "dp_rank": get_dp_group().rank_in_group, "tp_rank": get_tp_group().rank_in_group,

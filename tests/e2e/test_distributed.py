@@ -71,34 +71,54 @@ def test_tp2_ep2_sparse_attention_equals_one_engine(reference):
 
 
 @pytest.mark.xdist_group("parallel")
+@pytest.mark.parametrize("model", ["dsa", "qwen-moe"])
 def test_tp2_ep2_without_dp_splits_the_tokens_through_all_to_all_and_equals_one_engine(
-        reference):
-    """Tiny DeepSeek-V3.2 (fp32) on TP2 + EP2 without DP, ``moe_dispatch: "alltoall"``: the
-    plugin's MoE block runs sequence-parallel (moe/token_split.py; vLLM would keep the
-    tokens replicated and all-reduce): each TP rank sends its half of the step's tokens'
-    rows to the rank owning their experts and gets them back (one host read per MoE
-    layer per forward, the same count on both ranks: they meet in every layer), the
-    shared expert runs on the same half, and an all-gather over TP restores every token.
-    The same greedy tokens as one rank, logprobs within fp32 noise (measured 3.3e-6).
-    Negative control: the exchange planned with the expert maps rolled by one rank (rows
-    reach the rank holding other experts) changes the tokens."""
-    one = reference("dsa")
-    args = ("--dp", "1", "--tp", "2", "--ep", "--model", "dsa", "--moe-dispatch", "alltoall")
-    two = run_script("run_dp.py", *args, emulate=True)
+        reference, model):
+    """TP2 + EP2 without DP, ``moe_dispatch: "alltoall"`` (fp32): vLLM would keep the tokens
+    replicated on both TP ranks and all-reduce the layer's partial sums; the plugin splits
+    them (moe/token_split.py). Each TP rank sends its half of the step's tokens' rows to
+    the rank owning their experts and gets them back (one host read per MoE layer per
+    eager forward, the same count on both ranks: they meet in every layer), and an
+    all-gather over TP restores every token.
+
+    - Tiny DeepSeek-V3.2: the plugin's MoE block splits before the layer; its shared
+      expert runs on the same half.
+    - Tiny Qwen MoE (vLLM's block, which hands the layer every token): each layer splits
+      them itself, as vLLM's modular kernel (moe/tp_split.py) whose output is reduced, so
+      vLLM's runner all-reduces only the shared expert's TP partial sums. With decode
+      graphs: a graph step takes the all-gather exchange over the split (its sizes equal
+      on both ranks), the TP all-gather inside the graph.
+
+    The same greedy tokens as one rank, logprobs within fp32 noise (measured 3.3e-6 DSA,
+    6.3e-6 Qwen MoE; the kernel mutated to report its output unreduced, so that vLLM
+    all-reduces the complete output again, changed the tokens). Negative control: the
+    exchange planned with the expert maps rolled by one rank (rows reach the rank holding
+    other experts) changes the tokens."""
+    one = reference(model)
+    layers = {"dsa": 1, "qwen-moe": 2}[model]
+    args = ("--dp", "1", "--tp", "2", "--ep", "--model", model, "--moe-dispatch", "alltoall")
+    graphs = ("--graphs",) if model == "qwen-moe" else ()
+    two = run_script("run_dp.py", *args, *graphs, emulate=True)
     assert [r["tp_rank"] for r in two["ranks"]] == [0, 1]
     assert [r["sequence_parallel_moe"] for r in two["ranks"]] == [False, False]   # vLLM's
-    assert [r["sequence_parallel_layers"] for r in two["ranks"]] == [1, 1]        # ours
-    assert [r["a2a_layers"] for r in two["ranks"]] == [1, 1]
+    assert [r["sequence_parallel_layers"] for r in two["ranks"]] == [layers] * 2  # ours
+    # DeepSeek's block splits before its layer; Qwen's layers split themselves
+    in_layer = layers if model == "qwen-moe" else 0
+    assert [r["tp_split_layers"] for r in two["ranks"]] == [in_layer] * 2
+    assert [r["a2a_layers"] for r in two["ranks"]] == [layers] * 2
     reads = [r["a2a_host_reads"] for r in two["ranks"]]
     assert reads[0] == reads[1] > 0
+    if graphs:
+        runs = [r["graphs"] for r in two["ranks"]]
+        assert all(g["replays"] == 7 for g in runs), runs
+        assert all("c10d::_allgather_base_" in g["collectives"] for g in runs), runs
     assert two["tokens"] == one["tokens"]
     assert max_logprob_gap(one, two) < 1e-4
     broken = run_script("run_dp.py", *args, "--a2a-roll-placement", emulate=True)
-    assert [r["a2a_layers"] for r in broken["ranks"]] == [1, 1]
+    assert [r["a2a_layers"] for r in broken["ranks"]] == [layers] * 2
     assert broken["tokens"] != one["tokens"]
 
 
-@pytest.mark.xdist_group("parallel")
 @pytest.mark.parametrize("model,tp,ep", [("qwen-moe", 1, False), ("dsa-w8a8", 1, True),
                                          ("qwen-moe", 2, True)],
                          ids=["qwen-moe", "dsa-w8a8-ep2", "qwen-moe-tp2-ep4"])

@@ -50,7 +50,8 @@ def test_negative_control_corrupted_block_table_changes_the_result(runs):
 def test_bad_plugin_config_fails_before_the_engine_starts():
     res = run_script("check_config_errors.py", emulate=True, timeout=300)
     assert res["platform"] == "EmulatedAscendPlatform"
-    *bad, good, llm, fp8, dp_moe, dp_dense, mc2, mc2_auto, a2a_tp, soc = res["results"]
+    *bad, good, llm, fp8, dp_moe, dp_dense, mc2, mc2_auto, a2a_tp, a2a_no_ep, soc = res[
+        "results"]
     expected = ["ascend_ext: unknown key 'mixed_splt'; did you mean 'mixed_split'",
                 "ascend_ext.mixed_split: invalid value 'false'",
                 "ascend_ext.mixed_split: expected a str",
@@ -75,11 +76,12 @@ def test_bad_plugin_config_fails_before_the_engine_starts():
                 "ep_world_size 2 not in (16, 32, 64) on A2"):
         assert why in mc2["message"], (why, mc2)
     assert mc2_auto == {"ok": True}, mc2_auto     # auto: vLLM's all-gather exchange
-    # TP2 + EP2 without DP, Qwen MoE (vLLM's block: replicated tokens): refused by name
-    assert a2a_tp["type"] == "AllToAllRefused", a2a_tp
+    # TP2 + EP2 without DP, Qwen MoE: its layers split the tokens over TP, it starts;
+    # TP2 without expert parallelism: refused by name
+    assert a2a_tp == {"ok": True}, a2a_tp
+    assert a2a_no_ep["type"] == "AllToAllRefused", a2a_no_ep
     for why in ("moe_dispatch is 'alltoall' but all-to-all cannot run here",
-                "MoE blocks are vLLM's: without data parallelism every TP rank holds the "
-                "same tokens"):
-        assert why in a2a_tp["message"], (why, a2a_tp)
+                "no expert-parallel token exchange"):
+        assert why in a2a_no_ep["message"], (why, a2a_no_ep)
     assert soc["type"] == "AscendExtError", soc
     assert soc["message"].startswith("ASCEND_EXT_SOC='ascend999': unknown Ascend SoC 'ascend999'")

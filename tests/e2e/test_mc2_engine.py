@@ -12,7 +12,9 @@ A3). One engine serving every prompt is the reference.
   takes the all-gather (or all-to-all, where asked), and the decode steps take MC2.
 - DeepSeek-V3.2 sequence-parallel under TP2: DP2 x TP2 + EP4 (vLLM's sequence-parallel
   MoE) and TP2 + EP2 without DP (the plugin's block splitting the tokens,
-  ``moe/token_split.py``), against one TP2 engine."""
+  ``moe/token_split.py``), against one TP2 engine.
+- The tiny Qwen MoE on TP2 + EP2 without DP: each of vLLM's MoE layers splitting the
+  tokens itself (``moe/tp_split.py``), against one engine."""
 
 from __future__ import annotations
 
@@ -189,6 +191,41 @@ def test_tp2_ep2_without_dp_splits_the_tokens_through_mc2_and_equals_a_tp2_engin
         assert rank_calls["npu_moe_gating_top_k"] == mc2 + 1, rank_calls
     assert two["tokens"] == tp2["tokens"]
     assert greedy_departures(tp2, two, 6e-2) == []
+
+
+def test_tp2_ep2_without_dp_qwen_moe_layers_split_the_tokens_through_mc2(one_engine_long):
+    """TP2 + EP2 without DP, ``moe_dispatch: "mc2"``, the tiny Qwen MoE (bf16, hidden 1024)
+    pretending A3, with decode graphs: vLLM's MoE block hands each layer every token on
+    both TP ranks; each layer splits them itself (moe/tp_split.py, vLLM's modular kernel:
+    its half of the tokens through MC2, an all-gather over TP, vLLM's runner all-reducing
+    the shared expert alone). A 2048-token budget (1024 per TP rank, above MC2's 512)
+    makes the plan step-sized: the start-up profile run (1024 per rank) takes the
+    all-gather exchange the layer runs itself, one init-routing per layer; the step
+    holding the 600-token prompt (about 340 tokens per rank once split, more than 512 if
+    it were not) and every decode step take MC2, the decode graphs holding it on both
+    ranks. Contract mode on both ranks: no violation, the same calls on each. Against one
+    engine: departures only within bf16 noise (6e-2; the prompts hold an exact bf16 tie,
+    which either run may take)."""
+    args = ("--model", "qwen-moe-wide", "--dtype", "bfloat16", "--long-prompt", "600",
+            "--max-num-batched-tokens", "2048")
+    two = run_script("run_dp.py", "--dp", "1", "--tp", "2", "--ep", *args,
+                     "--moe-dispatch", "mc2", "--graphs", emulate=True,
+                     ASCEND_EXT_NPU_CONTRACT="1", **A3)
+    assert [r["sequence_parallel_moe"] for r in two["ranks"]] == [False, False]   # vLLM's
+    assert [r["tp_split_layers"] for r in two["ranks"]] == [2, 2]
+    assert [r["mc2_layers"] for r in two["ranks"]] == [2, 2]
+    graphs = [r["graphs"] for r in two["ranks"]]
+    assert all(g["replays"] == max(MAX_TOKENS) - 1 for g in graphs), graphs
+    calls = [{op: n for op, n in r["contract"]["calls"].items() if op.startswith("npu_moe")}
+             for r in two["ranks"]]
+    for rank in two["ranks"]:
+        assert rank["contract"]["violations"] == 0, rank["contract"]["summary"]
+    assert calls[0] == calls[1]
+    mc2 = calls[0]["npu_moe_distribute_dispatch_v2"]
+    assert mc2 > 0 and calls[0]["npu_moe_distribute_combine_v2"] == mc2
+    assert calls[0]["npu_moe_init_routing_v2"] == 2, calls[0]    # the profile run only
+    assert calls[0]["npu_moe_gating_top_k_softmax"] == mc2 + 2
+    assert greedy_departures(one_engine_long, two, 6e-2) == []
 
 
 def test_mtp_drafts_meet_in_mc2_with_a_step_sized_plan():

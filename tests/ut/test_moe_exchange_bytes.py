@@ -54,10 +54,10 @@ def test_tp_ep_without_dp_splitting_replicated_tokens_buys_no_bytes_but_int8():
     built = {r["layout"]: r for r in bench.table(16) if r["model"] == "Qwen3-30B-A3B"}
     assert built["TP16+EP16 all-reduce"]["calls"] == 1
     assert (bench.tp16(16, SMALL).calls, bench.tp16(16, SMALL).bytes_sent) == (1, 240)
-    # projection: 1 token x 2 rows per rank, 15/16 remote = 1.875 rows of 8 bytes each way,
+    # split: 1 token x 2 rows per rank, 15/16 remote = 1.875 rows of 8 bytes each way,
     # 2 int64 counts (15 bytes remote), and the all-gather of the 16 slices (128 bytes: 120)
     a2a = bench.all_to_all_ep(16, SMALL, split=bench.RANKS)
-    assert (a2a.calls, a2a.host_reads, a2a.built) == (4, 1, False)
+    assert (a2a.calls, a2a.host_reads, a2a.built) == (4, 1, True)
     assert a2a.bytes_sent == pytest.approx(15 + 2 * 1.875 * 8 + 120)
     # MC2, int8 out (4 bytes + a 4-byte scale per row), bf16 back, then the all-gather
     mc2 = bench.mc2_ep(16, SMALL, int8_dispatch=True, split=bench.RANKS)
@@ -69,12 +69,25 @@ def test_tp_ep_without_dp_splitting_replicated_tokens_buys_no_bytes_but_int8():
         1.875 * 12 + 1.875 * 16 + 15 / 16 * 16 * 8 * 2)
 
 
-def test_the_split_exchanges_are_built_for_the_plugins_block_and_projected_for_vllms():
+def test_a_split_layer_of_vllms_block_adds_its_shared_experts_all_reduce():
+    """vLLM's block with shared experts (sliced over TP): the layer that splits the tokens
+    itself leaves them to vLLM's all-reduce, one call and TP16's bytes more; without
+    shared experts (or in the plugin's block) nothing is added."""
+    shared = bench.Widths("shared", hidden=4, experts=2, top_k=2, moe_layers=1,
+                          shared_all_reduce=True)
+    plain = bench.Widths("plain", hidden=4, experts=2, top_k=2, moe_layers=1)
+    for make in (lambda w: bench.all_to_all_ep(16, w, split=bench.RANKS),
+                 lambda w: bench.mc2_ep(16, w, int8_dispatch=True, split=bench.RANKS)):
+        assert make(shared).calls == make(plain).calls + 1
+        # the all-reduce of 16 x 4 x 2 bytes: 2 * 15/16 of it
+        assert make(shared).bytes_sent == pytest.approx(make(plain).bytes_sent + 240)
+    # under DP the sequence-parallel MoE runs the shared experts on the split tokens
+    assert bench.all_to_all_ep(16, shared).bytes_sent == bench.all_to_all_ep(16, plain).bytes_sent
     split = ("TP16+EP16 all-to-all of split tokens",
              "TP16+EP16 MC2 of split tokens (int8 dispatch, W8A8)")
     built = {(r["model"], r["layout"]): r["built"] for r in bench.table(16)}
-    assert [built["DeepSeek-V3.2", s] for s in split] == [True, True]
-    assert [built["Qwen3-30B-A3B", s] for s in split] == [False, False]
+    for model in ("DeepSeek-V3.2", "Qwen3-30B-A3B", "Qwen3-Next-80B-A3B"):
+        assert [built[model, s] for s in split] == [True, True]
 
 
 def test_at_deepseek_width_the_split_all_to_all_moves_what_the_all_reduce_moves():

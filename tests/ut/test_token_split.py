@@ -1,5 +1,5 @@
-"""Which MoE blocks run sequence-parallel (moe/token_split.py), and the start-up refusal of
-a forced token exchange over replicated TP tokens (platform/config_hooks.py)."""
+"""Which MoE layers take only their TP rank's share of the tokens (moe/token_split.py), and
+the start-up gate of a forced token exchange under TP (platform/config_hooks.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,8 @@ import torch
 
 from vllm_ascend_ext.moe.alltoall import AllToAllRefused
 from vllm_ascend_ext.moe.mc2 import Mc2Refused
-from vllm_ascend_ext.moe.token_split import (
-    replicated_hint,
-    sequence_parallel_moe,
-    splits_without_dp,
-)
+from vllm_ascend_ext.moe.token_split import sequence_parallel_moe, splits_without_dp
 from vllm_ascend_ext.platform.config_hooks import dispatch_gate_facts, refuse_forced_dispatch
-from vllm_ascend_ext.platform.facts import ModelFacts, serves_own_moe_block
 
 
 def _par(tp=2, dp=1, ep=True, pcp=1, vllm_sp=False):
@@ -35,21 +30,14 @@ def test_tp_ep_without_dp_splits_only_when_an_exchange_is_asked_for(setting):
         assert not splits_without_dp(par, setting), par
 
 
-def test_only_the_plugins_own_block_adds_the_split_to_vllms_rule():
-    assert sequence_parallel_moe(_par(), "mc2", own_block=True)
-    assert not sequence_parallel_moe(_par(), "mc2", own_block=False)
-    assert not sequence_parallel_moe(_par(), "auto", own_block=True)
-    # vLLM's own rule (DP x TP with EP) holds for every block, whatever the setting
+def test_an_exchange_asked_for_adds_the_split_to_vllms_rule():
+    assert sequence_parallel_moe(_par(), "mc2")
+    assert sequence_parallel_moe(_par(), "alltoall")
+    assert not sequence_parallel_moe(_par(), "auto")
+    # vLLM's own rule (DP x TP with EP) holds whatever the setting
     vllm_sp = _par(dp=2, vllm_sp=True)
-    assert sequence_parallel_moe(vllm_sp, "auto", own_block=False)
-    assert sequence_parallel_moe(vllm_sp, "allgather", own_block=True)
-
-
-def test_the_hint_says_vllms_blocks_hold_the_same_tokens_without_data_parallelism():
-    assert "every TP rank holds the same tokens" in replicated_hint(_par(), "alltoall",
-                                                                    own_block=False)
-    assert replicated_hint(_par(), "alltoall", own_block=True) == ""
-    assert replicated_hint(_par(dp=2), "alltoall", own_block=False) == ""
+    assert sequence_parallel_moe(vllm_sp, "auto")
+    assert sequence_parallel_moe(vllm_sp, "allgather")
 
 
 def _vllm_config(setting: str, hidden: int = 1024, dtype=torch.bfloat16, **par):
@@ -61,38 +49,25 @@ def _vllm_config(setting: str, hidden: int = 1024, dtype=torch.bfloat16, **par):
         scheduler_config=SimpleNamespace(max_num_batched_tokens=256))
 
 
-OWN, VLLMS = ModelFacts(present=True, own_moe_block=True), ModelFacts(present=True)
-
-
 @pytest.mark.parametrize("setting,refused", [("alltoall", AllToAllRefused), ("mc2", Mc2Refused)])
-def test_a_forced_exchange_under_tp_ep_without_dp_starts_only_for_the_plugins_block(
+def test_a_forced_exchange_under_tp_ep_without_dp_starts_and_without_ep_is_refused(
         setting, refused):
-    """TP2 + EP2, DP 1, A3 widths MC2 takes (hidden 1024, bf16): the plugin's block splits
-    the tokens and starts; vLLM's block keeps them replicated and is refused, naming why
-    and what would split them."""
-    refuse_forced_dispatch(_vllm_config(setting), "A3", OWN)
-    with pytest.raises(refused, match=r"cannot run here: .*MoE blocks are vLLM's: without "
-                                      r"data parallelism every TP rank holds the same tokens"):
-        refuse_forced_dispatch(_vllm_config(setting), "A3", VLLMS)
-    # the plugin's block without expert parallelism: no exchange to take, still refused
+    """TP2 + EP2, DP 1, A3 widths MC2 takes (hidden 1024, bf16): the tokens are split over
+    TP (by the plugin's block or inside the layer), so the exchange starts; without expert
+    parallelism there is nothing to exchange."""
+    refuse_forced_dispatch(_vllm_config(setting), "A3")
     with pytest.raises(refused, match="no expert-parallel token exchange"):
-        refuse_forced_dispatch(_vllm_config(setting, ep=False), "A3", OWN)
+        refuse_forced_dispatch(_vllm_config(setting, ep=False), "A3")
 
 
 def test_the_split_sizes_mc2s_buffers_for_each_tp_ranks_share():
-    """256 tokens over TP2: 128 per rank for the plugin's block, the whole 256 replicated
-    on each rank for vLLM's; MC2's other bounds still apply to the split layout (A3
-    documents hidden >= 1024)."""
-    own = dispatch_gate_facts(_vllm_config("mc2"), "A3", True, 16)
-    assert (own.capacity, own.exchange, own.replicated, own.ep_world_size) == (128, True, False, 2)
-    vllms = dispatch_gate_facts(_vllm_config("mc2"), "A3", False, 16)
-    assert (vllms.capacity, vllms.exchange, vllms.replicated) == (256, False, True)
+    """256 tokens over TP2: 128 per rank when an exchange is asked for; the whole 256
+    replicated on each rank (and no exchange) under 'auto'; MC2's other bounds still apply
+    to the split layout (A3 documents hidden >= 1024)."""
+    split = dispatch_gate_facts(_vllm_config("mc2"), "A3", 16)
+    assert (split.capacity, split.exchange, split.replicated, split.ep_world_size) == (
+        128, True, False, 2)
+    kept = dispatch_gate_facts(_vllm_config("auto"), "A3", 16)
+    assert (kept.capacity, kept.exchange, kept.replicated) == (256, False, True)
     with pytest.raises(Mc2Refused, match="hidden"):
-        refuse_forced_dispatch(_vllm_config("mc2", hidden=512), "A3", OWN)
-
-
-def test_the_plugins_block_serves_the_dsa_architectures_only():
-    for arch in ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"):
-        assert serves_own_moe_block(SimpleNamespace(architectures=[arch]))
-    for archs in (["Qwen3MoeForCausalLM"], ["Qwen2MoeForCausalLM"], None):
-        assert not serves_own_moe_block(SimpleNamespace(architectures=archs))
+        refuse_forced_dispatch(_vllm_config("mc2", hidden=512), "A3")

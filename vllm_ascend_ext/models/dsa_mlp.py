@@ -65,8 +65,7 @@ class DsaMoE(nn.Module):
                              "layers take 'silu'")
         # vLLM's rule (DP x TP with EP), and TP + EP without DP when a token exchange is
         # asked for (moe/token_split.py)
-        self.is_sequence_parallel = sequence_parallel_moe(parallel_config, moe_dispatch,
-                                                          own_block=True)
+        self.is_sequence_parallel = sequence_parallel_moe(parallel_config, moe_dispatch)
         self.gate = GateLinear(config.hidden_size, config.n_routed_experts,
                                out_dtype=_get_moe_router_dtype(config),
                                prefix=f"{prefix}.gate")

@@ -68,8 +68,9 @@ def declined(f: Mc2Facts) -> list[str]:
         return ["no expert-parallel token exchange for this layer (all-to-all needs "
                 "--enable-expert-parallel with data parallelism or sequence-parallel MoE)"]
     if f.replicated:
-        return ["the TP ranks hold the same tokens (TP > 1 without sequence-parallel MoE): "
-                "each would send them and vLLM's TP all-reduce would add the copies"]
+        return ["the TP ranks hold the same tokens and this layer does not split them (TP > "
+                "1 without sequence-parallel MoE: a block that reduces the layer's output "
+                "itself, or prefill context parallelism): each would send them"]
     return []
 
 

@@ -109,8 +109,9 @@ def declined(f: Mc2Facts) -> list[str]:
                 "--enable-expert-parallel with data parallelism or sequence-parallel MoE)"]
     why = []
     if f.replicated:
-        why.append("the TP ranks hold the same tokens (TP > 1 without sequence-parallel MoE): "
-                   "each would dispatch them and vLLM's TP all-reduce would add the copies")
+        why.append("the TP ranks hold the same tokens and this layer does not split them (TP > "
+                   "1 without sequence-parallel MoE: a block that reduces the layer's output "
+                   "itself, or prefill context parallelism): each would dispatch them")
     if not f.linear:
         why.append("experts not placed linearly (MC2 assumes rank r holds [r*L, (r+1)*L))")
     if f.dtype not in HALF:

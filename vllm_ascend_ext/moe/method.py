@@ -18,9 +18,10 @@ runs the shared experts and adds them. Under expert parallelism (``--enable-expe
 a rank's weights hold its experts only: the layer's shard (``expert_shard.py``) restricts
 the permutation to them, and vLLM sums the ranks' shares (its all-reduce, or its DP token
 exchange through the plugin's communicator), unless the layer exchanges the tokens itself
-(MC2 or all-to-all, chosen per step: ``compute`` and ``step_route.py``). The weights stay
-in vLLM's parameters,
-transposed once to the kernels' ``[E, K, N]`` layout.
+(MC2 or all-to-all, chosen per step: ``exchange`` and ``step_route.py``). Under TP + EP
+without DP a layer of vLLM's MoE blocks that exchanges the tokens first splits them over
+TP itself, as vLLM's modular kernel (``moe/tp_split.py``). The weights stay in vLLM's
+parameters, transposed once to the kernels' ``[E, K, N]`` layout.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from vllm_ascend_ext.moe.expert_shard import ExpertShard, expert_shard
 from vllm_ascend_ext.moe.mc2 import Mc2Facts, Mc2Plan, declined, mc2_plan, routed_experts_mc2
 from vllm_ascend_ext.moe.routing import RoutingPlan, UnsupportedMoEError, plan_routing
 from vllm_ascend_ext.moe.step_route import ALLGATHER, ALLTOALL, MC2, step_route
+from vllm_ascend_ext.moe.tp_split import split_in_layer, tp_split_kernel
 from vllm_ascend_ext.ops import counting
 
 logger = init_logger("vllm.ascend_ext")
@@ -76,8 +78,9 @@ def layer_routing_plan(layer) -> RoutingPlan:
         custom_routing_function=layer.custom_routing_function)
 
 
-def layer_mc2_facts(layer, shard: ExpertShard) -> Mc2Facts:
-    """What the MC2 gate decides on for a vLLM ``RoutedExperts`` layer (host values)."""
+def layer_mc2_facts(layer, shard: ExpertShard, splits: bool = False) -> Mc2Facts:
+    """What the MC2 gate decides on for a vLLM ``RoutedExperts`` layer (host values);
+    ``splits``: the layer splits the step's tokens over TP itself (``moe/tp_split.py``)."""
     from vllm.config import get_current_vllm_config
 
     from vllm_ascend_ext.config import get_config
@@ -88,15 +91,28 @@ def layer_mc2_facts(layer, shard: ExpertShard) -> Mc2Facts:
     par = moe.moe_parallel_config
     tokens = vllm_config.scheduler_config.max_num_batched_tokens
     split = max(getattr(par, "sp_size", 1), 1)
+    if splits:
+        split = vllm_config.parallel_config.tensor_parallel_size
     return Mc2Facts(
         setting=get_config(vllm_config).moe_dispatch, family=current_family() or "A2",
-        exchange=bool(par.use_all2all_kernels),
+        exchange=bool(par.use_all2all_kernels) or splits,
         linear=shard.is_sharded and shard.start == par.ep_rank * shard.local_experts,
         dtype=moe.in_dtype, hidden=moe.hidden_dim, top_k=layer.top_k,
         experts=layer.global_num_experts, ep_world_size=par.ep_size, ep_rank=par.ep_rank,
         capacity=-(-tokens // split),
         replicated=vllm_config.parallel_config.tensor_parallel_size > 1
-        and not moe.is_sequence_parallel)
+        and not (moe.is_sequence_parallel or splits))
+
+
+def layer_splits_tokens(layer) -> bool:
+    """Whether a layer splits the step's tokens over TP itself (``moe/tp_split.py``)."""
+    from vllm.config import get_current_vllm_config
+
+    from vllm_ascend_ext.config import get_config
+
+    vllm_config = get_current_vllm_config()
+    return split_in_layer(get_config(vllm_config).moe_dispatch, vllm_config.parallel_config,
+                          layer.moe_config)
 
 
 def ep_group_name() -> str:
@@ -199,6 +215,7 @@ class MonolithicEntry:
 
     plan: RoutingPlan | None = None
     shard: ExpertShard | None = None
+    moe_kernel = None                # vLLM's; set where the layer splits the tokens itself
     mc2: Mc2Plan | None = None       # the MC2 dispatcher's plan (moe/mc2.py)
     a2a: AllToAllPlan | None = None  # the all-to-all dispatcher's (moe/alltoall.py)
     sequence_parallel = False        # the MoE runs sequence-parallel (its exchange's argument)
@@ -210,12 +227,19 @@ class MonolithicEntry:
         created (a refusal comes before any weight is read)."""
         self.plan = layer_routing_plan(layer)
         self.shard = layer_expert_shard(layer)
-        self.sequence_parallel = bool(layer.moe_config.is_sequence_parallel)
-        facts = layer_mc2_facts(layer, self.shard)
+        splits = layer_splits_tokens(layer)
+        facts = layer_mc2_facts(layer, self.shard, splits)
         self.mc2 = mc2_plan(facts, ep_group_name)
         # all-to-all for the steps MC2 does not take (the same decision on every rank)
         self.a2a = None if self.mc2 is not None and self.mc2.every_step else alltoall_plan(
             facts, lambda: every_expert_map(layer), ep_communicator)
+        # a layer that splits the tokens itself, with an exchange planned, does it as
+        # vLLM's modular kernel (moe/tp_split.py); with none, they stay replicated
+        splits = splits and (self.mc2 is not None or self.a2a is not None)
+        if splits:
+            self.moe_kernel = tp_split_kernel(layer.moe_config,
+                                              functools.partial(self.exchange, layer))
+        self.sequence_parallel = bool(layer.moe_config.is_sequence_parallel) or splits
         if self.mc2 is not None and not self.mc2.every_step:
             logger.info_once("ascend_ext: expert-parallel MoE layers exchange tokens by MC2 "
                              "for steps of up to %d tokens per rank, by %s above",
@@ -248,6 +272,19 @@ class MonolithicEntry:
                           "all-to-all dispatch" if self.a2a else "no MC2")
 
     def compute(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """The layer's routed-expert sum for this rank's tokens: through the TP token
+        split's kernel where the layer splits them itself (every token's complete sum on
+        every TP rank, ``moe/tp_split.py``), else through the step's exchange."""
+        kernel = self.moe_kernel
+        if kernel is None:
+            return self.exchange(layer, x, router_logits)
+        return kernel.apply_monolithic(
+            x, layer.w13_weight, layer.w2_weight, router_logits, activation=layer.activation,
+            global_num_experts=layer.global_num_experts, expert_map=layer.expert_map,
+            apply_router_weight_on_input=False,
+            e_score_correction_bias=layer.e_score_correction_bias, routing_sink=None)
+
+    def exchange(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The layer's routed-expert sum for this rank's tokens, through the step's
         exchange (``moe/step_route.py``)."""
         route = step_route(self.mc2, self.a2a is not None,

@@ -66,17 +66,18 @@ def refuse_expert_parallel(vllm_config) -> None:
 _EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
 
 
-def dispatch_gate_facts(vllm_config, family: str, own_block: bool, experts: int):
+def dispatch_gate_facts(vllm_config, family: str, experts: int):
     """What the MC2 / all-to-all gates decide on at start-up (``moe/mc2.Mc2Facts``), from
     the configuration: a layer of the model's sizes on EP rank 0, its tokens split over
-    TP where the MoE runs sequence-parallel (``moe/token_split.py``)."""
+    TP where the MoE runs sequence-parallel (``moe/token_split.py``: vLLM's rule, or TP +
+    EP without DP with an exchange asked for, by the plugin's block or inside the layer)."""
     from vllm_ascend_ext.moe.mc2 import Mc2Facts
     from vllm_ascend_ext.moe.token_split import sequence_parallel_moe
 
     setting = get_config(vllm_config).moe_dispatch
     par, model = vllm_config.parallel_config, vllm_config.model_config
     text = getattr(model, "hf_text_config", None) or model.hf_config
-    sp = sequence_parallel_moe(par, setting, own_block)
+    sp = sequence_parallel_moe(par, setting)
     tokens = vllm_config.scheduler_config.max_num_batched_tokens
     return Mc2Facts(
         setting=setting, family=family,
@@ -88,17 +89,15 @@ def dispatch_gate_facts(vllm_config, family: str, own_block: bool, experts: int)
         replicated=par.tensor_parallel_size > 1 and not sp)
 
 
-def refuse_forced_dispatch(vllm_config, family: str, facts: ModelFacts | None = None) -> None:
+def refuse_forced_dispatch(vllm_config, family: str) -> None:
     """``ascend_ext.moe_dispatch: "mc2"`` or ``"alltoall"`` refused before any weight loads
     when the configuration already rules the route out (``moe/mc2.declined`` /
     ``moe/alltoall.declined`` on ``dispatch_gate_facts``: the SoC, DP/EP, dtype, the
-    model's hidden size, experts and top-k, whether its MoE blocks split the tokens over
-    TP; a step budget above MC2's tokens per rank is no reason: the larger steps take
+    model's hidden size, experts and top-k, how many tokens a rank brings; a step budget above MC2's tokens per rank is no reason: the larger steps take
     another exchange); the MoE layers decide again, with their own sizes, when they are
     built."""
     from vllm_ascend_ext.moe import alltoall
     from vllm_ascend_ext.moe.mc2 import Mc2Refused, declined
-    from vllm_ascend_ext.moe.token_split import replicated_hint
 
     setting = get_config(vllm_config).moe_dispatch
     if setting not in ("mc2", alltoall.SETTING) or vllm_config.model_config is None:
@@ -110,12 +109,9 @@ def refuse_forced_dispatch(vllm_config, family: str, facts: ModelFacts | None = 
     experts = next((int(getattr(text, k)) for k in _EXPERT_KEYS if getattr(text, k, None)), 0)
     if not experts:
         raise refused(f"ascend_ext.moe_dispatch is {setting!r} but the model has no MoE layers")
-    own = facts_of(vllm_config, facts).own_moe_block
-    gate = dispatch_gate_facts(vllm_config, family, own, experts)
+    gate = dispatch_gate_facts(vllm_config, family, experts)
     why = declined(gate) if setting == "mc2" else alltoall.declined(gate)
-    hint = replicated_hint(vllm_config.parallel_config, setting, own) if gate.replicated else ""
     if why:
-        why += [hint] if hint else []
         raise refused(f"ascend_ext.moe_dispatch is {setting!r} but {what} cannot run here: "
                       + "; ".join(why) + " (use 'auto' or 'allgather')")
 

@@ -19,7 +19,6 @@ class ModelFacts:
     sparse_mla: bool = False      # MLA with a lightning indexer: the SFA backend
     hybrid: bool = False          # linear attention beside full attention (Gated-DeltaNet)
     head_size: int | None = None  # vLLM's head size (MLA: the latent row); None: no attention
-    own_moe_block: bool = False   # its MoE blocks are the plugin's (DeepSeek-V3.2 / GLM-5)
 
 
 NO_MODEL = ModelFacts()
@@ -34,15 +33,6 @@ def is_sparse_mla_model(model_config) -> bool:
     return hasattr(text, "index_topk")
 
 
-def serves_own_moe_block(model_config) -> bool:
-    """The plugin's model class serves the architecture, with its own MoE block
-    (``models/dsa_mlp.DsaMoE``), which may split the tokens over TP without DP
-    (``moe/token_split.py``)."""
-    from vllm_ascend_ext.models import DSA_ARCHITECTURES
-
-    return bool(set(getattr(model_config, "architectures", None) or ()) & set(DSA_ARCHITECTURES))
-
-
 def model_facts(model_config) -> ModelFacts:
     """The facts of vLLM's ``ModelConfig`` (or of none)."""
     if model_config is None:
@@ -55,7 +45,6 @@ def model_facts(model_config) -> ModelFacts:
         sparse_mla=is_sparse_mla_model(model_config),
         hybrid=bool(getattr(model_config, "is_hybrid", False)),
         head_size=None if attention_free else model_config.get_head_size(),
-        own_moe_block=serves_own_moe_block(model_config),
     )
 
 

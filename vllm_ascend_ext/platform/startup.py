@@ -84,7 +84,7 @@ def run(vllm_config, side: Side, *, on_step: Callable[[str], None] | None = None
 
     step("refuse: EPLB, all-to-all backends", hooks.refuse_expert_parallel, vllm_config)
     step("refuse: forced MC2 / all-to-all dispatch", hooks.refuse_forced_dispatch, vllm_config,
-         soc.family, facts)
+         soc.family)
     step("platform: refuse", side.refuse, start)
     if facts.sparse_mla:
         step("refuse: SFA block size", hooks.refuse_sfa_block_size, cache)
