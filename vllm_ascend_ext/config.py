@@ -68,7 +68,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, tuple[str, ...] | None, str]]] = {
         "layer_ops": (str, LAYER_OPS_CHOICES,
                       "RMSNorm, RoPE, SiluAndMul: fused torch_npu ops, or vLLM's native"),
         "moe_dispatch": (str, MOE_DISPATCH_CHOICES,
-                         "expert-parallel token exchange under DP (auto: MC2 for decode-sized steps where documented, else all-gather; alltoall: opt-in, one host read per MoE layer and step, for the eager steps MC2 does not take); under TP + EP without DP, mc2 / alltoall split DeepSeek-V3.2's / GLM-5's tokens over the TP ranks (auto: the TP all-reduce)"),
+                         "expert-parallel token exchange under DP (auto: MC2 for decode-sized steps where documented, else all-gather; alltoall: opt-in, one host read per MoE layer and step, for the eager steps MC2 does not take); under TP + EP without DP, mc2 / alltoall split the tokens over the TP ranks (auto: the TP all-reduce)"),
     },
     "sfa": {
         "preprocess": (str, SFA_PREPROCESS_CHOICES, "SFA preprocessing route"),

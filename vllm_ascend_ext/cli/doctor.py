@@ -214,8 +214,9 @@ def _ep_dispatchers() -> dict:
                       "and step; it takes the eager steps MC2 does not (decode-graph steps "
                       "take MC2 or the all-gather)")
     out["tp_ep_without_dp"] = ("the TP all-reduce (auto); mc2 or alltoall split the tokens "
-                               "over the TP ranks for the plugin's DeepSeek-V3.2 / GLM-5 MoE "
-                               "block (refused for vLLM's blocks: replicated tokens)")
+                               "over the TP ranks: the plugin's DeepSeek-V3.2 / GLM-5 MoE "
+                               "block before its layer, each layer of vLLM's blocks itself "
+                               "(a vLLM modular kernel whose output is reduced)")
     return out
 
 
