@@ -40,12 +40,13 @@ No timing. Layouts (one Atlas 800 pair, 16 NPUs):
   every TP rank holds every token again. DeepSeek-V3.2's MoE block (the plugin's) splits
   before the layer, its shared expert running on the same slice; vLLM's blocks (Qwen MoE,
   Qwen3-Next) hand the layer every token and the layer splits them (``moe/tp_split.py``),
-  their shared experts, sliced over TP, adding an all-reduce of their own (Qwen3-Next;
-  Qwen3-30B-A3B has none). At top-k 8 the rows out and back weigh as much as the
-  all-reduce's first half and the all-gather as its second: the same bytes in three or
-  four calls instead of one (and a host read for the all-to-all); MC2 with bf16 rows
-  likewise (not tabled). Only MC2's int8 dispatch (W8A8, the tabled MC2 row) saves: an
-  eighth of the bytes, which is why ``auto`` keeps the all-reduce there.
+  their shared experts, sliced over TP, adding an all-reduce of their own (Qwen3-Next,
+  Qwen1.5/2-MoE; Qwen3-30B-A3B has none). Without that all-reduce, at top-k 8 the rows
+  out and back weigh as much as the all-reduce's first half and the all-gather as its
+  second: the same bytes in three or four calls instead of one (and a host read for the
+  all-to-all); MC2 with bf16 rows likewise (not tabled). Only MC2's int8 dispatch (W8A8,
+  the tabled MC2 row) saves: an eighth of the bytes, which is why ``auto`` keeps the
+  all-reduce there; with it (Qwen3-Next) the split costs about twice the bytes.
 
 Routing is taken as uniform (each of a token's k rows on any rank with probability 1/16);
 real routing moves the all-to-all figures, not the all-gather ones. The 16 ranks serve one

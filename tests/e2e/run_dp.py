@@ -8,6 +8,7 @@ engine each, meeting in the MoE layers), and print one JSON line of results.
                                [--moe-dispatch auto|allgather|mc2|alltoall]
                                [--mc2-rotate-experts] [--a2a-roll-placement] [--mtp K]
                                [--long-prompt N] [--graphs [--skip-graph-collectives]]
+                               [--tp-split-unreduced]
 
 The prompts are split unevenly (rank 0 takes most of them, and rank 1's finish early), so
 the idle rank runs vLLM's dummy batches while the other still decodes. ``--dp 1`` runs
@@ -25,7 +26,9 @@ expert maps rolled by one rank, so rows reach a rank holding other experts. With
 enough ``--max-num-batched-tokens``): a prefill-sized step beside the decode-sized ones.
 ``--graphs`` starts without ``--enforce-eager`` (decode graphs); its control
 ``--skip-graph-collectives`` replays them without their captured collectives.
-``--mtp K``: MTP speculation with K drafts (the checkpoint's MTP layer, whose MoE layer
+``--tp-split-unreduced`` (control of a layer that splits the tokens over TP itself,
+``moe/tp_split.py``) makes its kernel report its output unreduced, so vLLM's runner
+all-reduces every rank's complete copy. ``--mtp K``: MTP speculation with K drafts (the checkpoint's MTP layer, whose MoE layer
 meets the other ranks' in every draft step, dummy ones included); ``--oracle FILE RATE``:
 the e2e harness's draft oracle (``spec_harness.py``) in every worker, FILE a ``--dp 1``
 result.
@@ -118,6 +121,13 @@ if os.environ.get(SKIP_GRAPH_COLLECTIVES) == "1":     # in the workers: the grap
         _graphs_mod.CpuGraph.replay = _replay_without_collectives
 
 
+UNREDUCED = "RUN_DP_TP_SPLIT_UNREDUCED"
+if os.environ.get(UNREDUCED) == "1":          # in the workers: the TP split's control
+    from vllm_ascend_ext.moe import tp_split as _tp_split
+
+    _tp_split.TpTokenSplit.output_is_reduced = lambda self: False
+
+
 A2A_ROLL = "RUN_DP_A2A_ROLL_PLACEMENT"
 A2A_READS = "RUN_DP_A2A_COUNT_HOST_READS"
 if os.environ.get(A2A_ROLL) == "1" or os.environ.get(A2A_READS) == "1":   # in the workers
@@ -206,7 +216,8 @@ def worker_options(args: dict) -> dict:
     for flag, env in (("drop_combine_sum", DROP), ("swap_expert_shard", SWAP),
                       ("drop_all_reduce", DROP_ALL_REDUCE), ("mc2_rotate_experts", ROTATE),
                       ("a2a_roll_placement", A2A_ROLL), ("a2a_count_host_reads", A2A_READS),
-                      ("skip_graph_collectives", SKIP_GRAPH_COLLECTIVES)):
+                      ("skip_graph_collectives", SKIP_GRAPH_COLLECTIVES),
+                      ("tp_split_unreduced", UNREDUCED)):
         if args.get(flag):
             os.environ[env] = "1"
             extra["worker_extension_cls"] = "run_dp.WorkerExtension"
@@ -335,6 +346,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=0)
     ap.add_argument("--moe-dispatch", default="", help="ascend_ext.moe_dispatch")
     ap.add_argument("--mc2-rotate-experts", action="store_true")
+    ap.add_argument("--tp-split-unreduced", action="store_true")
     ap.add_argument("--a2a-roll-placement", action="store_true")
     ap.add_argument("--mtp", type=int, default=0)
     ap.add_argument("--long-prompt", type=int, default=0, help="one more prompt of N tokens")

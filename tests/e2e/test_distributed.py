@@ -90,10 +90,10 @@ def test_tp2_ep2_without_dp_splits_the_tokens_through_all_to_all_and_equals_one_
       on both ranks), the TP all-gather inside the graph.
 
     The same greedy tokens as one rank, logprobs within fp32 noise (measured 3.3e-6 DSA,
-    6.3e-6 Qwen MoE; the kernel mutated to report its output unreduced, so that vLLM
-    all-reduces the complete output again, changed the tokens). Negative control: the
-    exchange planned with the expert maps rolled by one rank (rows reach the rank holding
-    other experts) changes the tokens."""
+    6.3e-6 Qwen MoE). Negative controls: the exchange planned with the expert maps rolled
+    by one rank (rows reach the rank holding other experts) changes the tokens; so does,
+    for Qwen MoE, the layers' kernel reporting its output unreduced (vLLM then
+    all-reduces every rank's complete copy)."""
     one = reference(model)
     layers = {"dsa": 1, "qwen-moe": 2}[model]
     args = ("--dp", "1", "--tp", "2", "--ep", "--model", model, "--moe-dispatch", "alltoall")
@@ -111,14 +111,25 @@ def test_tp2_ep2_without_dp_splits_the_tokens_through_all_to_all_and_equals_one_
     if graphs:
         runs = [r["graphs"] for r in two["ranks"]]
         assert all(g["replays"] == 7 for g in runs), runs
-        assert all("c10d::_allgather_base_" in g["collectives"] for g in runs), runs
+        # per MoE layer: the all-gather exchange (tokens, router logits: 2 all-gathers;
+        # a reduce-scatter back), the TP all-gather of the split's finalize, the shared
+        # expert's all-reduce: 5; per attention layer its output projection's all-reduce,
+        # and the embedding's: 2 x 5 + 2 + 1
+        assert all(g["collectives_per_graph"] == [2 * 5 + 2 + 1] for g in runs), runs
     assert two["tokens"] == one["tokens"]
     assert max_logprob_gap(one, two) < 1e-4
     broken = run_script("run_dp.py", *args, "--a2a-roll-placement", emulate=True)
     assert [r["a2a_layers"] for r in broken["ranks"]] == [layers] * 2
     assert broken["tokens"] != one["tokens"]
+    if model == "qwen-moe":
+        # the layers' kernel reporting its output unreduced: vLLM all-reduces every
+        # rank's complete copy (twice the routed output)
+        unreduced = run_script("run_dp.py", *args, "--tp-split-unreduced", emulate=True)
+        assert [r["tp_split_layers"] for r in unreduced["ranks"]] == [layers] * 2
+        assert unreduced["tokens"] != one["tokens"]
 
 
+@pytest.mark.xdist_group("parallel")
 @pytest.mark.parametrize("model,tp,ep", [("qwen-moe", 1, False), ("dsa-w8a8", 1, True),
                                          ("qwen-moe", 2, True)],
                          ids=["qwen-moe", "dsa-w8a8-ep2", "qwen-moe-tp2-ep4"])

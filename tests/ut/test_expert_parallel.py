@@ -183,7 +183,7 @@ def test_maps_that_are_not_a_placement_are_refused_naming_the_layer(emap, local,
 
 
 def _parallel(**over):
-    base = dict(enable_expert_parallel=True, enable_eplb=False,
+    base = dict(enable_expert_parallel=True, enable_eplb=False, enable_elastic_ep=False,
                 all2all_backend="allgather_reducescatter")
     return SimpleNamespace(parallel_config=SimpleNamespace(**{**base, **over}))
 
@@ -193,6 +193,8 @@ def test_expert_parallel_is_accepted_and_eplb_and_other_backends_are_refused():
     refuse_expert_parallel(_parallel(enable_expert_parallel=False, all2all_backend="deepep_low_latency"))
     with pytest.raises(AscendExtError, match="--enable-eplb"):
         refuse_expert_parallel(_parallel(enable_eplb=True))
+    with pytest.raises(AscendExtError, match="--enable-elastic-ep: .*without --enable-elastic-ep"):
+        refuse_expert_parallel(_parallel(enable_elastic_ep=True))
     with pytest.raises(AscendExtError, match="--all2all-backend deepep_low_latency.*allowed: "
                                              "allgather_reducescatter"):
         refuse_expert_parallel(_parallel(all2all_backend="deepep_low_latency"))

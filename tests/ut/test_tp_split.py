@@ -26,7 +26,7 @@ def _layer_fn(x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 def _run_ranks(x, logits, world: int):
     """Each rank's kernel output and the rows its exchange saw, ranks run concurrently."""
     shares: list[torch.Tensor | None] = [None] * world
-    barrier = threading.Barrier(world)
+    barrier = threading.Barrier(world, timeout=10)   # a failing rank cannot hang the other
     outs, seen = [None] * world, [[] for _ in range(world)]
 
     def gather(rank):
@@ -47,7 +47,8 @@ def _run_ranks(x, logits, world: int):
             x, None, None, logits, activation=None, global_num_experts=4, expert_map=None,
             apply_router_weight_on_input=False, routing_sink=None)
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True)
+               for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
@@ -63,7 +64,9 @@ def test_every_rank_gets_every_tokens_output_having_computed_only_its_share(toke
     outs, seen = _run_ranks(x, logits, world)
     rows = -(-tokens // world)
     for rank in range(world):
-        torch.testing.assert_close(outs[rank], want, rtol=0, atol=0)
+        # every share gathered, the step's padding rows (the caller drops them) at the end
+        assert outs[rank].shape[0] == rows * world
+        torch.testing.assert_close(outs[rank][:tokens], want, rtol=0, atol=0)
         assert [s.shape[0] for s in seen[rank]] == [rows]
         # its own rows, in order; the step's padding rows are zeros
         start = rank * rows
@@ -79,23 +82,67 @@ def test_the_share_follows_vllms_sequence_parallel_chunk():
     assert tp_share(x, 0, 1).tolist() == x.tolist()
 
 
-def test_the_kernel_reports_its_output_reduced_and_vllms_runner_reads_it():
-    """vLLM's runner skips its all-reduce of the routed output (and reduces the shared
-    experts alone) exactly when the method's kernel says its output is reduced."""
+def _runner(moe_kernel, scale: float = 1.0):
+    """vLLM's MoE runner around a layer whose method holds ``moe_kernel``, the expert
+    computation replaced by fixed outputs (shared 1, routed 10)."""
+    import torch.nn as nn
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
+    runner = MoERunner.__new__(MoERunner)
+    nn.Module.__init__(runner)
+    runner.moe_config = SimpleNamespace(is_sequence_parallel=False, tp_size=2, ep_size=2,
+                                        skip_final_all_reduce=False, hidden_dim=4,
+                                        hidden_dim_unpadded=4)
+    runner.routed_input_transform = runner.routed_output_transform = runner.router = None
+    runner.routed_scaling_factor = scale
+    runner._shared_experts = object()
+    runner.routed_experts = SimpleNamespace(quant_method=SimpleNamespace(
+        moe_kernel=moe_kernel, skip_forward_padding=False, has_unpadded_output=False))
+    runner._forward_entry = lambda *a: (torch.full((3, 4), 1.0), torch.full((3, 4), 10.0))
+    runner._encode_layer_name = lambda: "layer"
+    return runner
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_vllms_runner_all_reduces_only_the_shared_experts_of_a_split_layer(monkeypatch, scale):
+    """Two TP ranks holding equal values: the stand-in all-reduce doubles what it gets.
+    With the split's kernel only the shared experts' partial sum is reduced (2 x 1) and the
+    routed output, complete on every rank, is not (10, scaled); without a kernel vLLM
+    reduces the sum (2 x (1 + 10 x scale))."""
+    from vllm.model_executor.layers.fused_moe.runner import moe_runner
+
+    reduced: list[torch.Tensor] = []
+
+    def all_reduce(t):
+        reduced.append(t.clone())
+        return t * 2
+
+    monkeypatch.setattr(moe_runner, "tensor_model_parallel_all_reduce", all_reduce)
     kernel = tp_split_kernel(MOE, _layer_fn, 0, 2, lambda t: t)
     assert kernel.output_is_reduced() and kernel.is_monolithic
-    runner = SimpleNamespace(_quant_method=SimpleNamespace(moe_kernel=kernel))
-    assert MoERunner._fused_output_is_reduced.fget(runner)
-    runner = SimpleNamespace(_quant_method=SimpleNamespace(moe_kernel=None))
-    assert not MoERunner._fused_output_is_reduced.fget(runner)
+    out = _runner(kernel, scale).forward(torch.zeros(3, 4), torch.zeros(3, 2))
+    assert torch.equal(out, torch.full((3, 4), 2 * 1.0 + 10.0 * scale))
+    assert [t[0, 0].item() for t in reduced] == [1.0]
+    reduced.clear()
+    out = _runner(None, scale).forward(torch.zeros(3, 4), torch.zeros(3, 2))
+    assert torch.equal(out, torch.full((3, 4), 2 * (1.0 + 10.0 * scale)))
+    assert [t[0, 0].item() for t in reduced] == [1.0 + 10.0 * scale]
 
 
-def test_finalize_without_prepare_is_an_error():
-    kernel = tp_split_kernel(MOE, _layer_fn, 0, 2, lambda t: t)
-    with pytest.raises(RuntimeError, match="without prepare"):
-        kernel.prepare_finalize.finalize(torch.zeros(1, 8))
+def test_a_split_layer_whose_block_reduces_its_output_itself_is_refused_after_loading():
+    from vllm_ascend_ext.moe.method import MonolithicEntry
+    from vllm_ascend_ext.moe.routing import UnsupportedMoEError
+
+    method = MonolithicEntry()
+    layer = SimpleNamespace(layer_name="model.layers.0.mlp.experts",
+                            moe_config=SimpleNamespace(skip_final_all_reduce=True))
+    method.confirm_split(layer)              # no kernel: the layer does not split
+    method.moe_kernel = tp_split_kernel(MOE, _layer_fn, 0, 2, lambda t: t)
+    with pytest.raises(UnsupportedMoEError, match=r"model.layers.0.mlp.experts: .*"
+                                                  r"skip_final_all_reduce"):
+        method.confirm_split(layer)
+    layer.moe_config.skip_final_all_reduce = False
+    method.confirm_split(layer)
 
 
 def _par(tp=2, dp=1, ep=True):

@@ -134,8 +134,8 @@ def _npu_platform() -> dict:
                                "own experts (linear or round-robin placement), tokens "
                                "exchanged by vLLM's all-gather / reduce-scatter through the "
                                "plugin's communicator (TP without DP: the TP all-reduce), "
-                               "or by MC2 / all-to-all (ep_dispatcher); EPLB and other "
-                               "--all2all-backend values refused",
+                               "or by MC2 / all-to-all (ep_dispatcher); EPLB, elastic EP "
+                               "and other --all2all-backend values refused",
             "ep_dispatcher": _ep_dispatchers(),
         },
         "gdn": _gdn_ops(),

@@ -261,6 +261,18 @@ class MonolithicEntry:
         # layer's larger steps), and runs it otherwise.
         return self.mc2 is not None or self.a2a is not None
 
+    def confirm_split(self, layer) -> None:
+        """After loading: a layer that splits the tokens itself still leaves the reduction
+        to vLLM's runner (a block may ask for ``skip_final_all_reduce`` after building the
+        layer; the runner would then refuse the reduced output at the first step)."""
+        if self.moe_kernel is not None and getattr(layer.moe_config, "skip_final_all_reduce",
+                                                   False):
+            name = getattr(layer, "layer_name", type(layer).__name__)
+            raise UnsupportedMoEError(
+                f"{name}: ascend_ext.moe_dispatch asks for a token exchange, which splits "
+                "this layer's tokens over TP (TP + EP without DP), but its block all-reduces "
+                "the layer's output itself (skip_final_all_reduce); use 'auto' or 'allgather'")
+
     def place_shard(self, weight: torch.Tensor) -> None:
         """The shard's tables on the weights' device (after loading)."""
         self.shard = self.shard.to(weight.device)
@@ -278,11 +290,12 @@ class MonolithicEntry:
         kernel = self.moe_kernel
         if kernel is None:
             return self.exchange(layer, x, router_logits)
-        return kernel.apply_monolithic(
+        out = kernel.apply_monolithic(
             x, layer.w13_weight, layer.w2_weight, router_logits, activation=layer.activation,
             global_num_experts=layer.global_num_experts, expert_map=layer.expert_map,
             apply_router_weight_on_input=False,
             e_score_correction_bias=layer.e_score_correction_bias, routing_sink=None)
+        return out[:x.shape[0]]           # the step's padding to a multiple of TP
 
     def exchange(self, layer, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The layer's routed-expert sum for this rank's tokens, through the step's
@@ -382,6 +395,7 @@ class AscendFusedMoEMethod(MonolithicEntry, UnquantizedFusedMoEMethod):
                                params_dtype, **extra_weight_attrs)
 
     def process_weights_after_loading(self, layer) -> None:
+        self.confirm_split(layer)
         transpose_experts(layer, "w13_weight", "w2_weight")
         self.place_shard(layer.w13_weight)
 

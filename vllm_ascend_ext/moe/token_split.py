@@ -17,14 +17,17 @@ token, in place of the all-reduce.
 - The plugin's own MoE block (``models/dsa_mlp.DsaMoE``: DeepSeek-V3.2 / GLM-5) splits
   before the layer, as vLLM's sequence-parallel blocks do: the shared expert runs on the
   same share with replicated weights.
-- vLLM's blocks (Qwen MoE, Qwen3-Next / Qwen3.5) hand the layer every token: the layer
-  splits them itself (``moe/tp_split.py``, vLLM's modular-kernel seam), and vLLM's runner
-  all-reduces the shared experts' TP partial sums alone.
+- vLLM's blocks (Qwen MoE, Qwen3-Next / Qwen3.5, any other served by the plugin's MoE
+  methods) hand the layer every token: the layer splits them itself (``moe/tp_split.py``,
+  vLLM's modular-kernel seam), and vLLM's runner all-reduces the shared experts' TP
+  partial sums alone.
 
 What that buys, in bytes and calls per layer (``benchmarks/moe_exchange_bytes.py``, TP16
-+ EP16): the all-to-all moves what the all-reduce moves, in four calls and one host read;
-MC2 with W8A8's int8 rows moves 0.88x of it in three calls. ``auto`` keeps the
-all-reduce.
++ EP16): without shared experts in vLLM's block (DeepSeek-V3.2's block, Qwen3-30B-A3B)
+the all-to-all moves what the all-reduce moves, in four calls and one host read, and MC2
+with W8A8's int8 rows 0.88x of it in three calls; a vLLM block with shared experts
+(Qwen1.5/2-MoE, Qwen3-Next) adds their all-reduce, about twice the bytes. ``auto`` keeps
+the all-reduce.
 """
 
 from __future__ import annotations

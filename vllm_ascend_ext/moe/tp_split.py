@@ -14,8 +14,8 @@ plugin's MoE method (``moe/method.py``) splits the tokens inside the layer inste
   layer);
 - **experts**: the layer's token exchange over those rows (MC2, all-to-all, or the
   all-gather a step-sized MC2 layer takes for its larger steps: ``moe/step_route.py``);
-- **finalize**: an all-gather over TP, the padding dropped: every rank holds every
-  token's complete routed output, so the kernel reports ``output_is_reduced()``. vLLM's
+- **finalize**: an all-gather over TP (the caller drops the padding rows): every rank
+  holds every token's complete routed output, so the kernel reports ``output_is_reduced()``. vLLM's
   runner then all-reduces only the shared experts' TP partial sums (their weights stay
   sliced over TP, as vLLM built them) and skips the all-reduce of the routed output.
 
@@ -60,13 +60,14 @@ def split_in_layer(moe_dispatch: str, parallel_config, moe_config) -> bool:
 
 class TpTokenSplit(mk.FusedMoEPrepareAndFinalizeMonolithic):
     """prepare: this TP rank's share of the tokens; finalize: every rank's shares
-    all-gathered (``all_gather(t)``: the TP group's concatenation along rows)."""
+    all-gathered (``all_gather(t)``: the TP group's concatenation along rows), the step's
+    padding rows still at the end (no state kept between the two: the caller, who holds
+    the step's tokens, drops them)."""
 
     def __init__(self, rank: int, world: int,
                  all_gather: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
         self.rank, self.world, self.all_gather = rank, world, all_gather
-        self.tokens: int | None = None     # the step's T, from prepare to finalize
 
     @property
     def activation_format(self) -> mk.FusedMoEActivationFormat:
@@ -86,15 +87,11 @@ class TpTokenSplit(mk.FusedMoEPrepareAndFinalizeMonolithic):
 
     def prepare(self, a1: torch.Tensor, router_logits: torch.Tensor, quant_config,
                 defer_input_quant: bool = False):
-        self.tokens = a1.shape[0]
         return (tp_share(a1, self.rank, self.world), None,
                 tp_share(router_logits, self.rank, self.world))
 
     def finalize(self, fused_expert_output: torch.Tensor) -> torch.Tensor:
-        tokens, self.tokens = self.tokens, None
-        if tokens is None:
-            raise RuntimeError("TpTokenSplit.finalize without prepare: no step to restore")
-        return self.all_gather(fused_expert_output)[:tokens]
+        return self.all_gather(fused_expert_output)
 
 
 class LayerExchange(mk.FusedMoEExpertsMonolithic):

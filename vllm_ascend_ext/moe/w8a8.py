@@ -70,6 +70,7 @@ class AscendW8A8FusedMoEMethod(MonolithicEntry, FusedMoEMethodBase):
                                          "quant_method": FusedMoeWeightScaleSupported.CHANNEL.value})
 
     def process_weights_after_loading(self, layer) -> None:
+        self.confirm_split(layer)
         for stem in ("w13", "w2"):
             offset = getattr(layer, f"{stem}_weight_offset")
             if not self.dummy and torch.count_nonzero(offset.data).item():

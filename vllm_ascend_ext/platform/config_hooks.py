@@ -49,13 +49,19 @@ EP_ALL2ALL_BACKENDS = ("allgather_reducescatter",)
 def refuse_expert_parallel(vllm_config) -> None:
     """Expert parallelism runs on vLLM's all-gather / reduce-scatter token exchange (the
     plugin's communicator); what the plugin's MoE methods do not implement is refused by
-    name: expert load balancing and vLLM's other all-to-all backends (CUDA libraries)."""
+    name: expert load balancing, elastic EP and vLLM's other all-to-all backends (CUDA
+    libraries)."""
     parallel = vllm_config.parallel_config
     if getattr(parallel, "enable_eplb", False):
         raise AscendExtError(
             "--enable-eplb: the ascend_ext MoE methods do not implement vLLM's EPLB "
             "interfaces (no per-expert load recording, no redundant experts, no weight "
             "rearrangement); run --enable-expert-parallel without --enable-eplb")
+    if getattr(parallel, "enable_elastic_ep", False):
+        raise AscendExtError(
+            "--enable-elastic-ep: the ascend_ext MoE methods do not implement vLLM's elastic "
+            "expert parallelism (no expert-weight migration or group rebuild on the NPU); "
+            "run --enable-expert-parallel without --enable-elastic-ep")
     backend = getattr(parallel, "all2all_backend", EP_ALL2ALL_BACKENDS[0])
     if getattr(parallel, "enable_expert_parallel", False) and backend not in EP_ALL2ALL_BACKENDS:
         raise AscendExtError(
