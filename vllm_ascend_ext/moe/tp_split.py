@@ -15,9 +15,10 @@ plugin's MoE method (``moe/method.py``) splits the tokens inside the layer inste
 - **experts**: the layer's token exchange over those rows (MC2, all-to-all, or the
   all-gather a step-sized MC2 layer takes for its larger steps: ``moe/step_route.py``);
 - **finalize**: an all-gather over TP (the caller drops the padding rows): every rank
-  holds every token's complete routed output, so the kernel reports ``output_is_reduced()``. vLLM's
-  runner then all-reduces only the shared experts' TP partial sums (their weights stay
-  sliced over TP, as vLLM built them) and skips the all-reduce of the routed output.
+  holds every token's complete routed output, so the kernel reports
+  ``output_is_reduced()``. vLLM's runner then all-reduces only the shared experts' TP
+  partial sums (their weights stay sliced over TP, as vLLM built them) and skips the
+  all-reduce of the routed output.
 
 What that moves per layer (``benchmarks/moe_exchange_bytes.py``): an all-gather of the
 routed output and the exchange of each rank's share, against the all-reduce of all of
