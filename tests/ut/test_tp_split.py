@@ -42,7 +42,7 @@ def _run_ranks(x, logits, world: int):
         def route(rows, rows_logits):
             seen[rank].append(rows.clone())
             return _layer_fn(rows, rows_logits)
-        kernel = tp_split_kernel(MOE, route, rank, world, gather(rank))
+        kernel = tp_split_kernel(MOE, route, (rank, world, gather(rank)))
         outs[rank] = kernel.apply_monolithic(
             x, None, None, logits, activation=None, global_num_experts=4, expert_map=None,
             apply_router_weight_on_input=False, routing_sink=None)
@@ -118,7 +118,7 @@ def test_vllms_runner_all_reduces_only_the_shared_experts_of_a_split_layer(monke
         return t * 2
 
     monkeypatch.setattr(moe_runner, "tensor_model_parallel_all_reduce", all_reduce)
-    kernel = tp_split_kernel(MOE, _layer_fn, 0, 2, lambda t: t)
+    kernel = tp_split_kernel(MOE, _layer_fn, (0, 2, lambda t: t))
     assert kernel.output_is_reduced() and kernel.is_monolithic
     out = _runner(kernel, scale).forward(torch.zeros(3, 4), torch.zeros(3, 2))
     assert torch.equal(out, torch.full((3, 4), 2 * 1.0 + 10.0 * scale))
@@ -137,7 +137,7 @@ def test_a_split_layer_whose_block_reduces_its_output_itself_is_refused_after_lo
     layer = SimpleNamespace(layer_name="model.layers.0.mlp.experts",
                             moe_config=SimpleNamespace(skip_final_all_reduce=True))
     method.confirm_split(layer)              # no kernel: the layer does not split
-    method.moe_kernel = tp_split_kernel(MOE, _layer_fn, 0, 2, lambda t: t)
+    method.moe_kernel = tp_split_kernel(MOE, _layer_fn, (0, 2, lambda t: t))
     with pytest.raises(UnsupportedMoEError, match=r"model.layers.0.mlp.experts: .*"
                                                   r"skip_final_all_reduce"):
         method.confirm_split(layer)

@@ -233,9 +233,8 @@ class MonolithicEntry:
         # all-to-all for the steps MC2 does not take (the same decision on every rank)
         self.a2a = None if self.mc2 is not None and self.mc2.every_step else alltoall_plan(
             facts, lambda: every_expert_map(layer), ep_communicator)
-        # a layer that splits the tokens itself, with an exchange planned, does it as
-        # vLLM's modular kernel (moe/tp_split.py); with none, they stay replicated
-        splits = splits and (self.mc2 is not None or self.a2a is not None)
+        # a layer that splits the tokens itself does it as vLLM's modular kernel
+        # (moe/tp_split.py); its forced exchange is planned by now (a declined one raised)
         if splits:
             self.moe_kernel = tp_split_kernel(layer.moe_config,
                                               functools.partial(self.exchange, layer))

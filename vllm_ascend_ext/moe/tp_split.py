@@ -150,19 +150,17 @@ class LayerExchange(mk.FusedMoEExpertsMonolithic):
 
 
 def tp_split_kernel(moe_config, route: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                    rank: int | None = None, world: int | None = None,
-                    all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+                    tp: tuple[int, int, Callable[[torch.Tensor], torch.Tensor]] | None = None
                     ) -> mk.FusedMoEKernel:
-    """The layer's kernel: the TP group's rank, size and all-gather unless given."""
-    if rank is None or world is None or all_gather is None:
+    """The layer's kernel; ``tp``: the split's (rank, world, all-gather), the TP group's
+    unless given."""
+    if tp is None:
         from vllm.distributed import (
             get_tensor_model_parallel_rank,
             get_tensor_model_parallel_world_size,
             tensor_model_parallel_all_gather,
         )
 
-        rank = get_tensor_model_parallel_rank() if rank is None else rank
-        world = get_tensor_model_parallel_world_size() if world is None else world
-        all_gather = all_gather or (lambda t: tensor_model_parallel_all_gather(t, 0))
-    return mk.FusedMoEKernel(TpTokenSplit(rank, world, all_gather),
-                             LayerExchange(moe_config, route))
+        tp = (get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size(),
+              lambda t: tensor_model_parallel_all_gather(t, 0))
+    return mk.FusedMoEKernel(TpTokenSplit(*tp), LayerExchange(moe_config, route))

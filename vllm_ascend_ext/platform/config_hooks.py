@@ -99,9 +99,9 @@ def refuse_forced_dispatch(vllm_config, family: str) -> None:
     """``ascend_ext.moe_dispatch: "mc2"`` or ``"alltoall"`` refused before any weight loads
     when the configuration already rules the route out (``moe/mc2.declined`` /
     ``moe/alltoall.declined`` on ``dispatch_gate_facts``: the SoC, DP/EP, dtype, the
-    model's hidden size, experts and top-k, how many tokens a rank brings; a step budget above MC2's tokens per rank is no reason: the larger steps take
-    another exchange); the MoE layers decide again, with their own sizes, when they are
-    built."""
+    model's hidden size, experts and top-k, how many tokens a rank brings; a step budget
+    above MC2's tokens per rank is no reason: the larger steps take another exchange);
+    the MoE layers decide again, with their own sizes, when they are built."""
     from vllm_ascend_ext.moe import alltoall
     from vllm_ascend_ext.moe.mc2 import Mc2Refused, declined
 
