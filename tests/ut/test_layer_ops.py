@@ -478,7 +478,8 @@ def test_contract_rules_flag_bad_calls_and_pass_good_ones():
 def test_every_layer_op_rule_quotes_the_documentation():
     assert {r.op for r in LAYER_OP_RULES} == {"npu_gemma_rms_norm", "npu_mrope",
                                               "npu_add_rms_norm_dynamic_quant",
-                                              "npu_dequant_swiglu_quant"}
+                                              "npu_dequant_swiglu_quant",
+                                              "npu_top_k_top_p"}
     for rule in LAYER_OP_RULES:
         assert rule.quote in docs.line(rule.op, rule.quote)
         assert rule.quote in rule.cites()

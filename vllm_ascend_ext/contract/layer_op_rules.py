@@ -1,7 +1,8 @@
 """Documented rules of the operators the plugin's layer ops call outside attention and
 MoE (``layers/``): RMSNorm with and without the residual add, Gemma's RMSNorm, RoPE,
 the add + RmsNorm + dynamic quant a W8A8 MLP consumes (``models/``), and the W8A8 MLP's
-dequant + SwiGLU + quant (``layers/w8a8_mlp.py``).
+dequant + SwiGLU + quant (``layers/w8a8_mlp.py``), and the sampler's top-k / top-p filter
+(``worker/npu_sampler.py``).
 
 ``npu_rms_norm``'s rules stay in ``op_rules.NORM_QUANT_RULES`` (the SFA path calls it
 too); ``npu_swiglu``'s in ``MOE_RULES``. ``npu_add_rms_norm`` has a schema and an
@@ -10,6 +11,8 @@ Quotes are substrings of torch-npu 2.13.0's ``_op_plugin_docs.py`` (checked in t
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -31,6 +34,7 @@ F16, BF16, F32, I32, I64 = (torch.float16, torch.bfloat16, torch.float32, torch.
                             torch.int64)
 GEMMA, MROPE, ARNQ = "npu_gemma_rms_norm", "npu_mrope", "npu_add_rms_norm_dynamic_quant"
 DSQ = "npu_dequant_swiglu_quant"
+TKTP = "npu_top_k_top_p"
 
 
 def _not_empty(name: str):
@@ -97,6 +101,37 @@ def _dsq_group_width(call: Call) -> str | None:
     return None if h <= 10496 and h % 64 == 0 else f"H={h} (not <= 10496 and 64-aligned)"
 
 
+def _p_or_k(call: Call) -> str | None:
+    both_none = tensor(call, "p") is None and tensor(call, "k") is None
+    return "p and k are both None" if both_none else None
+
+
+def _batch_vector(name: str):
+    def check(call: Call) -> str | None:
+        t, logits = tensor(call, name), tensor(call, "logits")
+        if t is None or logits is None or tuple(t.shape) == (logits.shape[0],):
+            return None
+        return f"shape {tuple(t.shape)}; documented 1-D of the logits' first dim {logits.shape[0]}"
+    return check
+
+
+def _values_within(name: str, low, high: Callable[[Call], float]):
+    """Every value of ``name`` in ``[low, high(call)]`` (not checked on meta tensors)."""
+    def check(call: Call) -> str | None:
+        t = tensor(call, name)
+        if t is None or t.device.type == "meta" or not t.numel():
+            return None
+        lo, hi, bound = t.min().item(), t.max().item(), high(call)
+        return None if low <= lo and hi <= bound else (
+            f"values in [{lo}, {hi}]; documented [{low}, {bound}]")
+    return check
+
+
+def _k_bound(call: Call) -> int:
+    logits = tensor(call, "logits")
+    return 1024 if logits is None else min(1024, logits.shape[-1])
+
+
 def _rotary_dim_multiple(call: Call) -> str | None:
     query, cache = tensor(call, "query"), tensor(call, "cos_sin_cache")
     if query is None or cache is None or cache.dim() != 2:
@@ -156,4 +191,12 @@ LAYER_OP_RULES = (
     Rule(DSQ, "group_index", "仅支持动态量化（quant_mode=1），且 bias、quant_offset 必须为 None",
          _dsq_groups),
     Rule(DSQ, "group_index", "H≤10496同时64对齐场景", _dsq_group_width),
+    Rule(TKTP, "logits", "输入张量，支持2维，数据类型支持torch.bfloat16, torch.float16, torch.float32",
+         all_of(dims_in("logits", 2), dtype_in("logits", F16, BF16, F32))),
+    Rule(TKTP, "p", "不支持p和k同时传None", _p_or_k),
+    Rule(TKTP, "p", "表示top-p的阈值，值域为[0, 1]",
+         all_of(same_dtype("p", "logits"), _batch_vector("p"),
+                _values_within("p", 0.0, lambda call: 1.0))),
+    Rule(TKTP, "k", "表示top-k的阈值，值域为[1, 1024]，且最大值需要小于等于logits.size(1)",
+         all_of(dtype_in("k", I32), _batch_vector("k"), _values_within("k", 1, _k_bound))),
 )

@@ -33,6 +33,8 @@ _W8A8_MLP_A2_A3 = ("not called there: the W8A8 MLPs take it on A2/A3 only (the S
                    "its documentation lists); elsewhere they run npu_quant_matmul with a "
                    "floating output, npu_swiglu and npu_dynamic_quant")
 
+_SAMPLER_A2_A3 = ("not called there: the sampler filters top-k / top-p with vLLM's PyTorch "
+                  "filter (worker/npu_sampler.py); the 2.13 documentation lists A2/A3 only")
 # op -> {family the docs do not list: the route the plugin takes there}
 GAPS: dict[str, dict[str, str]] = {
     "npu_fused_infer_attention_score": {"A5": _SAME},
@@ -50,6 +52,7 @@ GAPS: dict[str, dict[str, str]] = {
     "npu_recurrent_gated_delta_rule": {"A5": _SAME},
     "npu_grouped_matmul_swiglu_quant": {"A5": _UNFUSED_THERE},
     "npu_dequant_swiglu_quant": {"A5": _W8A8_MLP_A2_A3},
+    "npu_top_k_top_p": {"A5": _SAMPLER_A2_A3},
 }
 
 

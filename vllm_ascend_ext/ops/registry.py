@@ -43,13 +43,14 @@ from vllm_ascend_ext.ops import (
     quant,
     rope,
     sparse_flash_attention,
+    top_k_top_p,
 )
 from vllm_ascend_ext.ops.op_record import NpuOp
 
 MODULES: tuple[ModuleType, ...] = (
     add_rms_norm, add_rms_norm_quant, causal_conv1d, dequant_swiglu_quant, fia, format, gdn_chunk, gdn_ext, gdn_recurrent,
     grouped_matmul, grouped_matmul_swiglu_quant, kv_cache, kv_rmsnorm_rope_cache, lightning_indexer, mla_prolog, mla_prolog_k3, moe_dispatch,
-    moe_distribute, moe_gating, mrope, norm, quant, rope, sparse_flash_attention,
+    moe_distribute, moe_gating, mrope, norm, quant, rope, sparse_flash_attention, top_k_top_p,
 )
 
 

@@ -116,6 +116,12 @@ class AscendNPUPlatform(Platform):
         return torch.npu.get_device_properties(device_id).total_memory
 
     @classmethod
+    def num_compute_units(cls, device_id: int = 0) -> int:
+        # vLLM sizes its Triton launches by it (one program per unit; triton-ascend runs
+        # them on the vector cores); torch_npu reports the device's vector-core count.
+        return int(torch.npu.get_device_limit(device_id)["vector_core_num"])
+
+    @classmethod
     def set_device(cls, device: torch.device) -> None:
         torch.npu.set_device(device)
 

@@ -17,7 +17,8 @@ the model for FULL graphs in ``CUDAGraphWrapper`` itself (not through the platfo
 wrapper class); ``load_model`` re-wraps that model in ``AscendNPUGraphWrapper``, which
 updates FIA's graph tasks before every replay. With speculative decoding it counts the
 accepted drafts per position on the device (``worker/spec_acceptance.py``), logged at
-shutdown.
+shutdown. The sampler filters top-k / top-p with ``npu_top_k_top_p`` where it applies
+(``worker/npu_sampler.py``), never with vLLM's Triton filter.
 """
 
 from __future__ import annotations
@@ -30,11 +31,21 @@ from vllm_ascend_ext.worker import seeded_draws
 from vllm_ascend_ext.worker.kv_zeroing import zero_blocks
 from vllm_ascend_ext.worker.mamba_state_copy import align_mode_buffers
 from vllm_ascend_ext.worker.npu_graph import AscendNPUGraphWrapper
+from vllm_ascend_ext.worker.npu_sampler import NpuTopKTopP, host_top_k_max
 from vllm_ascend_ext.worker.spec_acceptance import SpecAcceptance
 
 
 class AscendNPUModelRunner(GPUModelRunner):
     """vLLM's V1 GPU model runner on an Ascend NPU (see module docstring)."""
+
+    def __init__(self, vllm_config, device) -> None:
+        super().__init__(vllm_config, device)
+        from vllm.platforms import current_platform
+
+        # the plugin's platforms name their SoC; elsewhere (a unit test's) the filter is vLLM's
+        soc = getattr(type(current_platform), "soc", None)
+        self.sampler.topk_topp_sampler = NpuTopKTopP(self.sampler.topk_topp_sampler,
+                                                     soc().family if soc else "")
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
@@ -52,12 +63,23 @@ class AscendNPUModelRunner(GPUModelRunner):
         return output
 
     def _sample(self, logits, spec_decode_metadata):
-        # Acceptance per draft position, counted on the device (worker/spec_acceptance.py)
+        # The step's largest top-k, from the host (worker/npu_sampler.py); acceptance per
+        # draft position, counted on the device (worker/spec_acceptance.py)
+        self.sampler.topk_topp_sampler.host_top_k_max = host_top_k_max(self.input_batch)
         output = super()._sample(logits, spec_decode_metadata)
         if spec_decode_metadata is not None:
             self.spec_acceptance().record(output.sampled_token_ids,
                                           spec_decode_metadata.num_draft_tokens)
         return output
+
+    def _dummy_sampler_run(self, hidden_states):
+        # vLLM's warm-up samples with top-k = vocab - 1 for every dummy request
+        sampler = self.sampler.topk_topp_sampler
+        sampler.host_top_k_max = self.model_config.get_vocab_size() - 1
+        try:
+            return super()._dummy_sampler_run(hidden_states)
+        finally:
+            sampler.host_top_k_max = None
 
     def spec_acceptance(self) -> SpecAcceptance | None:
         """This runner's acceptance counter (None without speculative decoding)."""
