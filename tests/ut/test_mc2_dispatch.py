@@ -271,6 +271,91 @@ def test_contract_mode_takes_documented_calls_and_names_a2s_ep_sizes(ranks):
         assert f"ep_world_size {world} not in (16, 32, 64)" in a2
 
 
+
+# -- combine: the k-sum in expert_ids' column order (the owners' golden) ----------------
+KO_E, KO_K, KO_BS, KO_H = 6, 3, 4, 8        # 2 ranks: experts 0-2 on rank 0, 3-5 on rank 1
+
+
+def _k_order_inputs(rank: int):
+    """fp16 tokens, fp32 scales. Tokens 0 and 1 have their experts' owners (and, on rank 1,
+    the local experts) in the reverse of k order: ids (4, 3, 1) and (5, 2, 0). Column 0 of
+    token 0 is built so the fp32 k-sum lands exactly on an fp16 midpoint: k order gives
+    (1 + 2^-11) + 2^-24 + 2^-24 = 1 + 2^-11 (each half-ulp add ties to even) -> fp16 1.0;
+    the reverse gives 2^-23 + (1 + 2^-11) -> fp16 1 + 2^-10."""
+    g = torch.Generator().manual_seed(40 + rank)
+    x = torch.randn(KO_BS, KO_H, generator=g).half()
+    ids = torch.stack([torch.tensor([4, 3, 1]), torch.tensor([5, 2, 0])]
+                      + [torch.randperm(KO_E, generator=g)[:KO_K] for _ in range(KO_BS - 2)])
+    scales = torch.rand(KO_BS, KO_K, generator=g)
+    x[0, 0] = 2.0 ** -12
+    for k, target in enumerate((1 + 2.0 ** -11, 2.0 ** -24, 2.0 ** -24)):
+        # expert e multiplies its rows by 2^e: row(0, k)[0] = 2^-12 * 2^e, exact
+        scales[0, k] = target / (2.0 ** -12 * 2.0 ** int(ids[0, k]))
+    return x, ids.to(torch.int32), scales
+
+
+def _k_order_expert(e: int, rows: torch.Tensor) -> torch.Tensor:
+    return rows * 2.0 ** e                                 # exact in fp16
+
+
+def _k_order_worker(rank: int, world: int, store: str, queue) -> None:
+    from vllm_ascend_ext.ops.moe_distribute import (
+        npu_moe_distribute_combine_v2,
+        npu_moe_distribute_dispatch_v2,
+        register_group,
+    )
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    register_group("ep", dist.group.WORLD)
+    x, ids, scales = _k_order_inputs(rank)
+    local = KO_E // world
+    common = dict(group_ep="ep", ep_world_size=world, ep_rank_id=rank, moe_expert_num=KO_E,
+                  global_bs=KO_BS * world)
+    rows, _, assist, counts, recv, tp, _ = npu_moe_distribute_dispatch_v2(x, ids, **common)
+    done = rows.clone()
+    begin = 0
+    for j, n in enumerate(counts.tolist()):
+        done[begin:begin + n] = _k_order_expert(rank * local + j, rows[begin:begin + n])
+        begin += n
+    out = {"combined": npu_moe_distribute_combine_v2(done, ids, assist, recv, scales,
+                                                     tp_send_counts=tp, **common),
+           "shared": npu_moe_distribute_combine_v2(done, ids, assist, recv, scales,
+                                                   shared_expert_x=x.flip(0),
+                                                   tp_send_counts=tp, **common)}
+    queue.put((rank, {k: (str(v.dtype), v.float().tolist()) for k, v in out.items()}))
+    dist.destroy_process_group()
+
+
+@pytest.mark.xdist_group("mc2")
+def test_combine_sums_each_tokens_experts_in_k_order_in_float32_rounding_once(tmp_path):
+    """The owners' CPU golden (op-plugin ``test_moe_distribute_combine_v2.py``): each row
+    in float32 times its scale, summed over k = 0..K-1, plus the shared expert, rounded once
+    to fp16; not in the order the rows come back from their owners."""
+    world = 2
+    got = spawn_ranks(_k_order_worker, world, str(tmp_path / "store"))
+    for rank in range(world):
+        x, ids, scales = _k_order_inputs(rank)
+        want = torch.empty(KO_BS, KO_H, dtype=torch.float16)
+        with_shared = torch.empty(KO_BS, KO_H, dtype=torch.float16)
+        for t in range(KO_BS):
+            acc = torch.zeros(KO_H, dtype=torch.float32)
+            for k in range(KO_K):
+                row = _k_order_expert(int(ids[t, k]), x[t])             # fp16, exact
+                acc = acc + row.float() * scales[t, k]
+            want[t] = acc.half()
+            with_shared[t] = (acc + x.flip(0)[t].float()).half()
+        for key, expect in (("combined", want), ("shared", with_shared)):
+            dtype, values = got[rank][key]
+            assert dtype == "torch.float16"
+            assert torch.equal(torch.tensor(values).half(), expect), (rank, key)
+        # the hand-built column: k order gives 1.0, the owners' order 1 + 2^-10
+        assert float(want[0, 0]) == 1.0
+        reverse = torch.zeros((), dtype=torch.float32)
+        for k in reversed(range(KO_K)):
+            reverse = reverse + _k_order_expert(int(ids[0, k]), x[0, :1]).float()[0] * scales[0, k]
+        assert float(reverse.half()) == 1.0 + 2.0 ** -10
+
+
 # -- the gate (pure) ---------------------------------------------------------------------
 def _facts(**kw) -> Mc2Facts:
     base = dict(setting="auto", family="A3", exchange=True, linear=True,

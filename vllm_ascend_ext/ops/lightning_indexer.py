@@ -14,7 +14,10 @@ inside: any ``n_heads^-0.5 * softmax_scale`` factor is already in ``weights``.
 Emulated: ``layout_query="TND"`` with cumulative int32 ``actual_seq_lengths_query``,
 ``layout_key="PA_BSND"`` (key [nb,bs,1,D]) with per-request int32
 ``actual_seq_lengths_key`` and an int32 ``block_table``; ``return_value`` raises.
-Tie order between equal scores is unspecified (as on the NPU).
+Equal scores: the lower key position wins (and comes first). The documentation states no
+tie rule and the op-plugin golden's unstable ``torch.sort`` leaves it open; the reference
+fixes one so a request selects the same keys whatever the prefill chunking or its rows'
+place in the batch (ReLU'd scores of exactly 0 tie often).
 """
 
 from __future__ import annotations
@@ -75,7 +78,10 @@ def lightning_indexer_reference(query, key, weights, *, actual_seq_lengths_query
                 j = torch.arange(lk, device=query.device)[None]
                 score = score.masked_fill(j > i + (lk - lq), float("-inf"))
             n = min(sparse_count, lk)
-            vals, idx = torch.topk(score, n, dim=-1)
+            # Equal scores: the lower key position first (a stable descending sort over
+            # positions 0..Lk-1), so a row selects the same keys whatever its chunk or row.
+            vals, idx = torch.sort(score, dim=-1, descending=True, stable=True)
+            vals, idx = vals[:, :n], idx[:, :n]
             idx = idx.to(torch.int32).masked_fill(torch.isneginf(vals), -1)
             out[start:end, 0, :n] = idx
         start = end

@@ -31,7 +31,9 @@ torch_npu-npu_moe_distribute_dispatch_v2.md`` / ``..._combine_v2.md``; the 2.13 
   ep_send_counts, expert_scales [BS, K] fp32, group_ep, W, r, E, *, shared_expert_x=None,
   global_bs=0, ...) -> [BS, H]``: the rows travel back the way they came and
   ``out[t] = sum_k expert_scales[t, k] * row(t, k)`` (plus ``shared_expert_x[t]``), in
-  ``expand_x``'s dtype ("相当于按npu_moe_distribute_dispatch_v2算子收集数据的路径原路返回").
+  ``expand_x``'s dtype ("相当于按npu_moe_distribute_dispatch_v2算子收集数据的路径原路返回");
+  as the owners' CPU golden: accumulated in float32, over k in order (k = 0..K-1),
+  rounded once.
 
 ``group_ep`` names the EP process group: on an NPU, HCCL's communicator name
 (``ProcessGroupHCCL.get_hccl_comm_name``); in the emulation, the name the plugin's
@@ -278,13 +280,19 @@ def combine_v2_reference(expand_x, expert_ids, assist_info_for_combine, ep_send_
     info = assist_info_for_combine[:valid * _FIELDS].reshape(valid, _FIELDS).long()
     rows = _gather(expand_x[:valid], a, group, 0)
     infos = _gather(info, a, group, -1)
+    # The owners' golden (op-plugin ``test_moe_distribute_combine_v2.py``): each row in
+    # float32 times its fp32 scale, summed over k in expert_ids' column order (k = 0..K-1,
+    # not the order the rows come back in), the shared expert added, then one rounding.
     work = torch.float64 if expand_x.dtype == torch.float64 else torch.float32
-    out = torch.zeros(bs, expand_x.shape[1], dtype=work, device=expand_x.device)
+    weighted = torch.zeros(bs, k, expand_x.shape[1], dtype=work, device=expand_x.device)
     scales = expert_scales.to(work)
     for owner_rows, owner_info in zip(rows, infos):
         mine = owner_info[:, 0] == ep_rank_id
         token, kk = owner_info[mine, 1], owner_info[mine, 2]
-        out.index_add_(0, token, owner_rows[mine].to(work) * scales[token, kk][:, None])
+        weighted[token, kk] = owner_rows[mine].to(work) * scales[token, kk][:, None]
+    out = torch.zeros(bs, expand_x.shape[1], dtype=work, device=expand_x.device)
+    for j in range(k):
+        out += weighted[:, j]
     shared = kw["shared_expert_x"]
     if shared is not None:
         out += shared.reshape(bs, -1).to(work)
