@@ -65,7 +65,15 @@ std::tuple<at::Tensor, at::Tensor> fia_emu_kernel(
   TORCH_CHECK(static_cast<int64_t>(cu_q.size()) == B + 1 && cu_q[0] == 0 && cu_q[B] == T, kOp,
               ": cu_q must be [0, ..., T] with one entry per request plus one");
   TORCH_CHECK(num_kv_heads > 0 && N % num_kv_heads == 0, kOp, ": bad num_kv_heads");
-  const int64_t DV = paged ? D : value.size(2);
+  // Value head size (may differ from the key's, e.g. Dk 192 with Dv 128): packed
+  // [T_kv, KV_N, Dv], BnBsH [nb, bs, KV_N * Dv], BnNBsD [nb, KV_N, bs, Dv].
+  TORCH_CHECK(!paged || value.dim() == key.dim(), kOp,
+              ": the value cache must have the key cache's layout");
+  const int64_t DV = !paged ? value.size(2)
+                     : value.dim() == 3 ? value.size(2) / num_kv_heads
+                                        : value.size(3);
+  TORCH_CHECK(!paged || value.dim() != 3 || value.size(2) == DV * num_kv_heads, kOp,
+              ": a BnBsH value cache's rows must hold num_kv_heads * Dv elements");
 
   at::Tensor q = query.stride(-1) == 1 ? query : query.contiguous();
   at::Tensor out = at::empty({T, N, DV}, query.options());

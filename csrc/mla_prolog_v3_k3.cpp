@@ -1,5 +1,6 @@
 // npu_mla_prolog_v3_k3 kernels. Math (per token t, head n):
-//   c^Q   = RmsNorm(x @ W_dq, gamma_cq) * qc_qr_scale      rounded to weight_uk's dtype
+//   c^Q   = RmsNorm(x @ W_dq, gamma_cq) * qc_qr_scale      rounded to weight_uk's dtype;
+//           x @ W_dq is rounded to token_x's dtype first when that is bf16/fp16
 //   q     = c^Q @ W_uq_qr -> [T, N, D]                    (no rope part)
 //   query = round(q) @ W_uk[n]                             [T, N, Hckv]
 //   c^KV  = RmsNorm(x @ W_dkv_kr, gamma_ckv) * kc_scale   written to kv_cache
@@ -110,9 +111,12 @@ std::tuple<at::Tensor, at::Tensor> mla_prolog_v3_k3_kernel(
                     rmsnorm_gamma_ckv, kv_cache, cache_index, cache_mode);
   auto mid = weight_uk.scalar_type();
   auto x = token_x.reshape({s.tokens, s.hidden}).to(at::kFloat);
-  auto cq = (rms(at::matmul(x, weight_dq.to(at::kFloat)), rmsnorm_gamma_cq, rmsnorm_epsilon_cq) *
-             qc_qr_scale)
-                .to(mid);
+  auto cq_pre = at::matmul(x, weight_dq.to(at::kFloat));
+  auto act = token_x.scalar_type();
+  if (act == at::kBFloat16 || act == at::kHalf) {  // rounded to the activation dtype
+    cq_pre = cq_pre.to(act).to(at::kFloat);
+  }
+  auto cq = (rms(cq_pre, rmsnorm_gamma_cq, rmsnorm_epsilon_cq) * qc_qr_scale).to(mid);
   auto q = at::matmul(cq.to(at::kFloat), weight_uq_qr.to(at::kFloat)).view({s.tokens, s.n, s.d});
   auto q_nope = q.to(mid).to(at::kFloat);
   // [N, T, D] x [N, D, Hckv] -> [N, T, Hckv] -> [T, N, Hckv]

@@ -61,11 +61,11 @@ def _inputs(t, he, hcq, n, d, hckv, dtype, seed):
 
 
 def _independent(inp, mid):
-    """Loops in float64, rounding c^Q and q to the weights' dtype like the kernel."""
+    """Loops in float64, rounding x @ W_dq to x's dtype, c^Q and q to the weights' dtype."""
     x, out = inp["x"].double(), []
     n, d, hckv = inp["w_uk"].shape
     for t in range(x.shape[0]):
-        a = x[t] @ inp["w_dq"].double()
+        a = (x[t] @ inp["w_dq"].double()).to(inp["x"].dtype).double()
         cq = (a / math.sqrt(float((a * a).mean()) + 1e-5) * inp["g_cq"].double()).to(mid).double()
         q = (cq @ inp["w_uq"].double()).view(n, d).to(mid).double()
         query = torch.stack([q[h] @ inp["w_uk"][h].double() for h in range(n)])
@@ -111,6 +111,42 @@ def test_pa_bsnd_kernel_equals_reference_equals_independent_math(t, n, d, dtype,
         if s not in written:
             assert (rows_k[s // bs, s % bs] == 7.0).all()
         assert (rows_k[s // bs, s % bs, 0, hckv:] == 7.0).all()
+
+
+def test_bf16_rounds_x_at_w_dq_before_the_cq_rmsnorm_like_the_owners_golden():
+    """The owners' CPU golden for bf16 (non-quantized): x @ W_dq accumulated in fp32 and rounded
+    to bf16; RmsNorm in float, x / sqrt(mean(x^2) + eps) * gamma * qc_qr_scale, rounded to bf16
+    (query_norm); c^Q @ W_uq_qr rounded to bf16, times W_uk[n], rounded to bf16. DeepSeek's
+    shapes without the rope part. x and W_dq are small multiples of powers of two, so x @ W_dq
+    is exact in fp32 in any summation order: only the rounding points decide c^Q."""
+    t, he, hcq, n, d, hckv, eps, scale = 8, 7168, 1536, 32, 128, 512, 1e-6, 0.75
+    g = torch.Generator().manual_seed(3)
+    ints = lambda *s: torch.randint(-4, 5, s, generator=g).double()  # noqa: E731
+    rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64) / math.sqrt(s[-2])  # noqa: E731
+    bf = lambda v: v.to(torch.bfloat16).double()  # noqa: E731
+    x, w_dq, w_uq, w_uk = bf(ints(t, he) / 4), bf(ints(he, hcq) / 64), bf(rnd(hcq, n * d)), bf(rnd(n, d, hckv))
+    w_dkv = bf(rnd(he, hckv))
+    g_cq, g_ckv = bf(1 + 0.1 * rnd(hcq, 1)[:, 0]), bf(1 + 0.1 * rnd(hckv, 1)[:, 0])
+    # the golden, in float64 with explicit bf16 roundings
+    mm1 = bf(x @ w_dq)
+    want_cq = bf(mm1 / torch.sqrt((mm1 ** 2).mean(-1, keepdim=True) + eps) * g_cq * scale)
+    q_nope = bf(want_cq @ w_uq).view(t, n, d)
+    want_q = bf(torch.stack([q_nope[:, h] @ w_uk[h] for h in range(n)], 1))
+    args = [v.to(torch.bfloat16) for v in (x, w_dq, w_uq, w_uk, w_dkv, g_cq, g_ckv)]
+    outs = []
+    for fn in (npu_mla_prolog_v3_k3, mla_prolog_v3_k3_reference):
+        cache = torch.zeros(2, 8, 1, hckv, dtype=torch.bfloat16)
+        q, qn = fn(*args, cache, cache_index=torch.arange(t), rmsnorm_epsilon_cq=eps,
+                   query_norm_flag=True, qc_qr_scale=scale)
+        outs.append((q, qn, cache))
+        for got, want in ((qn, want_cq), (q, want_q)):
+            # fp32 vs float64 may flip a bf16 rounding (or, in a query cancelling to near 0,
+            # miss by the fp32 error): a few elements, by about one ulp, no more
+            off = got.double() != want
+            assert int(off.sum()) <= want.numel() // 1000, (fn.__name__, int(off.sum()), want.numel())
+            torch.testing.assert_close(got.double(), want, rtol=2.0 ** -7, atol=2.0 ** -10)
+    for a, b in zip(outs[0], outs[1]):                     # the C++ kernel == the reference
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("with_index", [False, True])

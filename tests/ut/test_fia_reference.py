@@ -109,6 +109,89 @@ def test_paged_causal_matches_dense(seed, kinds, gqa, nkv, d, bs, dtype, layout,
         assert got_lse.shape == (0,)
 
 
+def _paged_attention_f64(query, key_blocks, value_blocks, table, cu_q, kv_lens, nkv, scale):
+    """Independent: causal (bottom-right aligned) paged attention in float64, one query
+    token and one head at a time. key_blocks/value_blocks [nb, bs, KV_N, Dk/Dv]; logical
+    position p of request b is row p % bs of block table[b, p // bs]."""
+    bs, nq, dv = key_blocks.shape[1], query.shape[1], value_blocks.shape[-1]
+    out = torch.zeros(query.shape[0], nq, dv, dtype=torch.float64)
+    start = 0
+    for b, end in enumerate(cu_q):
+        lq, lkv = end - start, kv_lens[b]
+        rows = [(int(table[b, p // bs]), p % bs) for p in range(lkv)]
+        k = torch.stack([key_blocks[blk, slot] for blk, slot in rows]).double()    # [Lkv, KV_N, Dk]
+        v = torch.stack([value_blocks[blk, slot] for blk, slot in rows]).double()  # [Lkv, KV_N, Dv]
+        for i in range(lq):
+            seen = lkv - lq + i + 1
+            for h in range(nq):
+                kh = h // (nq // nkv)
+                s = (k[:seen, kh] @ query[start + i, h].double()) * scale
+                out[start + i, h] = torch.softmax(s, dim=0) @ v[:seen, kh]
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lse", [False, True])
+@pytest.mark.parametrize("layout", ["BnBsH", "BnNBsD"])
+@pytest.mark.parametrize("path", ["compiled", "reference"])
+def test_paged_decode_value_head_dim_differs_from_key(path, layout, lse, dtype):
+    """Paged TND decode with Dk = 192, Dv = 128 (the owners' paged decode golden, and what
+    ``tnd_head_dims_refusal`` / docs/npu-ops.md take): output [T, N, Dv]."""
+    torch.manual_seed(11)
+    rng = random.Random(11)
+    nq, nkv, dk, dv, bs, nb = 4, 2, 192, 128, 16, 12
+    kv_lens, cu_q = [37, 5, 16], [1, 2, 3]            # one query token per request
+    kb = torch.full((nb, bs, nkv, dk), 1e3).to(dtype)  # garbage where no request reads
+    vb = torch.full((nb, bs, nkv, dv), -1e3).to(dtype)
+    free = list(range(nb))
+    rng.shuffle(free)
+    table = torch.zeros(len(kv_lens), 3, dtype=torch.int32)
+    for b, lkv in enumerate(kv_lens):
+        for n in range(-(-lkv // bs)):
+            table[b, n] = blk = free.pop()
+            rows = min(bs, lkv - n * bs)
+            kb[blk, :rows] = torch.randn(rows, nkv, dk).to(dtype)
+            vb[blk, :rows] = torch.randn(rows, nkv, dv).to(dtype)
+    query = torch.randn(3, nq, dk).to(dtype)
+    if layout == "BnBsH":
+        key, value = kb.view(nb, bs, nkv * dk), vb.view(nb, bs, nkv * dv)
+    else:
+        key, value = kb.transpose(1, 2).contiguous(), vb.transpose(1, 2).contiguous()
+    kwargs = dict(atten_mask=causal_mask_2048(), actual_seq_lengths=cu_q,
+                  actual_seq_lengths_kv=kv_lens, block_table=table, num_heads=nq,
+                  num_key_value_heads=nkv, scale=dk**-0.5, input_layout="TND", sparse_mode=3,
+                  block_size=bs, softmax_lse_flag=lse)
+    with emulation_path(path):
+        out, _ = npu_fused_infer_attention_score(query, key, value, **kwargs)
+    exp = _paged_attention_f64(query, kb, vb, table, cu_q, kv_lens, nkv, dk**-0.5)
+    assert out.shape == (3, nq, dv) and out.dtype == dtype
+    torch.testing.assert_close(out.double(), exp, atol=TOL[dtype], rtol=TOL[dtype])
+    # the meta layer: the same checks, output [T, N, Dv]
+    meta = {n: t.to("meta") if isinstance(t, torch.Tensor) else t for n, t in kwargs.items()}
+    out_m, _ = npu_fused_infer_attention_score(query.to("meta"), key.to("meta"),
+                                               value.to("meta"), **meta)
+    assert out_m.device.type == "meta" and out_m.shape == (3, nq, dv)
+
+
+def test_paged_value_head_dim_differs_passes_the_contract(contract):
+    """Contract mode: torch-npu 2.13's schema, official meta (value_d from the paged value
+    cache) and documented rules take Dk = 192 / Dv = 128, and the emulation's outputs
+    have the official meta's shapes."""
+    h = contract()
+    nq, nkv, bs = 4, 2, 16
+    out, lse = npu_fused_infer_attention_score(
+        torch.randn(2, nq, 192, dtype=torch.bfloat16),
+        torch.randn(4, bs, nkv * 192, dtype=torch.bfloat16),
+        torch.randn(4, bs, nkv * 128, dtype=torch.bfloat16), atten_mask=causal_mask_2048(),
+        actual_seq_lengths=[1, 2], actual_seq_lengths_kv=[20, 9],
+        block_table=torch.tensor([[0, 3], [1, 2]], dtype=torch.int32), num_heads=nq,
+        num_key_value_heads=nkv, scale=192**-0.5, input_layout="TND", sparse_mode=3,
+        block_size=bs, softmax_lse_flag=True)
+    assert out.shape == (2, nq, 128) and lse.shape == (2, nq, 1)
+    assert h.calls == {"npu_fused_infer_attention_score": 1}
+
+
 def test_sparse_mode_0_without_mask_attends_everything():
     rng = random.Random(1)
     torch.manual_seed(1)
@@ -213,6 +296,14 @@ def _valid_kwargs():
           value=torch.zeros(2, 16, 512)), "takes sparse_mode (0, 3), not 2"),
     (dict(query=torch.randn(3, 4, 256)), "head size 256 (value 64) is not taken"),
     (dict(actual_seq_lengths=torch.tensor([1, 3])), "host list"),
+    # paged Dv != Dk: only Dk = 192 with Dv 128 (or 192); the value cache's blocks must match
+    (dict(value=torch.zeros(2, 16, 2 * 32)), "head size 64 (value 32) is not taken"),
+    (dict(query=torch.randn(3, 4, 192), key=torch.zeros(2, 16, 2 * 192),
+          value=torch.zeros(3, 16, 2 * 128)), "value cache (3, 16, 256) does not match"),
+    (dict(query=torch.randn(3, 4, 192), key=torch.zeros(2, 16, 2 * 192),
+          value=torch.zeros(2, 2, 16, 128)), "value cache (2, 2, 16, 128) does not match"),
+    (dict(query=torch.randn(3, 4, 192), key=torch.zeros(2, 16, 2 * 192),
+          value=torch.zeros(2, 16, 255)), "value cache (2, 16, 255) does not match"),
 ])
 def test_rejects_what_the_npu_rejects(change, needle):
     kwargs = _valid_kwargs()

@@ -409,6 +409,50 @@ def test_sparse_flash_attention_sinks_join_the_denominator():
         torch.testing.assert_close(out[0, h].double(), want, rtol=1e-5, atol=1e-5)
 
 
+def _sfa_one_token(sparse_indices, **over):
+    kv = torch.randn(1, 16, 1, 8)
+    kw = dict(block_table=torch.tensor([[0]], dtype=torch.int32),
+              actual_seq_lengths_query=torch.tensor([1], dtype=torch.int32),
+              actual_seq_lengths_kv=torch.tensor([4], dtype=torch.int32),
+              query_rope=torch.zeros(1, 2, 4), key_rope=torch.zeros(1, 16, 1, 4),
+              layout_query="TND", layout_kv="PA_BSND", attention_mode=2)
+    kw.update(over)
+    return npu_sparse_flash_attention(torch.randn(1, 2, 8), kv, kv, sparse_indices, 1.0, **kw)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_sparse_flash_attention_refuses_an_empty_selection_dimension(device):
+    """torch-npu 2.13 docs: sparse_indices is [Q_T, KV_N, sparse_size] with sparse_size > 0
+    (a row with nothing selected is -1 padding, not a zero-width tensor)."""
+    empty = torch.zeros(1, 1, 0, dtype=torch.int32)
+    if device == "meta":
+        with pytest.raises(ValueError, match=r"sparse_indices.*sparse_size.*must be > 0, got 0"):
+            npu_sparse_flash_attention(
+                torch.empty(1, 2, 8, device="meta"), (kv := torch.empty(1, 16, 1, 8, device="meta")),
+                kv, empty.to("meta"), 1.0,
+                block_table=torch.empty(1, 1, dtype=torch.int32, device="meta"),
+                query_rope=torch.empty(1, 2, 4, device="meta"),
+                key_rope=torch.empty(1, 16, 1, 4, device="meta"), layout_query="TND",
+                layout_kv="PA_BSND", attention_mode=2)
+        return
+    with pytest.raises(ValueError, match=r"sparse_indices.*sparse_size.*must be > 0, got 0"):
+        _sfa_one_token(empty)
+    out, _, _ = _sfa_one_token(torch.full((1, 1, 1), -1, dtype=torch.int32))
+    assert torch.equal(out, torch.zeros(1, 2, 8))  # nothing selected: -1 padding gives 0
+
+
+@pytest.mark.parametrize("size,error,needle", [
+    (0, ValueError, "sparse_block_size must be a power of 2 in [1, 128], got 0"),
+    (3, ValueError, "sparse_block_size must be a power of 2 in [1, 128], got 3"),
+    (256, ValueError, "sparse_block_size must be a power of 2 in [1, 128], got 256"),
+    (4, NotImplementedError, "sparse_block_size 4 not emulated (1 only)"),
+])
+def test_sparse_flash_attention_names_the_sparse_block_size_it_refuses(size, error, needle):
+    with pytest.raises(error) as info:
+        _sfa_one_token(torch.tensor([[[0, -1]]], dtype=torch.int32), sparse_block_size=size)
+    assert needle in str(info.value)
+
+
 # --------------------------------------------------------------------- meta
 def test_meta_implementations_give_shapes_without_data():
     m = dict(device="meta")
@@ -436,7 +480,8 @@ def test_meta_implementations_give_shapes_without_data():
 
 
 def test_lightning_indexer_ties_at_the_boundary_keep_the_top_score_multiset():
-    """Equal scores: which tied key wins is unspecified, the selected scores are not."""
+    """Equal scores: the selected scores are the top ones (which tied key wins: the lower
+    position, ``test_lightning_indexer_ties.py``)."""
     torch.manual_seed(10)
     base = torch.randn(4, 1, 8)
     keys = [torch.cat([base, base, base[:2]])]            # 10 keys, each score appears 2-3 times

@@ -11,6 +11,10 @@ non-quantized, with ``qk_rope_head_dim == 0``):
     query = q @ W_uk[n]                                    [T, N, Hckv]
     c^KV  = RmsNorm(x @ W_dkv_kr, gamma_ckv) * kc_scale   -> kv_cache
 
+Rounding points (the owners' CPU golden, as ``npu_mla_prolog_v3``): ``x @ W_dq`` is
+rounded to ``token_x``'s dtype (when bf16/fp16) before its RmsNorm, which runs in fp32;
+c^Q and q to ``weight_uk``'s dtype before the next matmul.
+
 Cache modes: ``PA_BSND`` (kv_cache [nb, bs, 1, Hckv], ``cache_index`` int64 [T] global
 slots) and ``BSND`` (token_x [B, S, He], kv_cache [B, S_cache, 1, Hckv], ``cache_index``
 int64 [B, S] positions in each batch row, default 0..S-1). Negative indices are not
@@ -88,7 +92,10 @@ def mla_prolog_v3_k3_reference(token_x, weight_dq, weight_uq_qr, weight_uk, weig
                            rmsnorm_gamma_cq, rmsnorm_gamma_ckv, kv_cache, cache_index, cache_mode)
     mid = weight_uk.dtype
     x = token_x.reshape(t, -1).float()
-    cq = (rms_fp32(x @ weight_dq.float(), rmsnorm_gamma_cq, rmsnorm_epsilon_cq) * qc_qr_scale).to(mid)
+    cq_pre = x @ weight_dq.float()
+    if token_x.dtype in (torch.bfloat16, torch.float16):  # the owners' golden rounds x @ W_dq
+        cq_pre = cq_pre.to(token_x.dtype).float()
+    cq = (rms_fp32(cq_pre, rmsnorm_gamma_cq, rmsnorm_epsilon_cq) * qc_qr_scale).to(mid)
     q = (cq.float() @ weight_uq_qr.float()).view(t, n, d).to(mid).float()
     query = torch.bmm(q.transpose(0, 1), weight_uk.float()).transpose(0, 1)
     ckv = rms_fp32(x @ weight_dkv_kr.float(), rmsnorm_gamma_ckv, rmsnorm_epsilon_ckv) * kc_scale

@@ -14,7 +14,9 @@ with an empty selection outputs 0 [I]. fp32 accumulation, output in the query dt
 
 Emulated: ``layout_query="TND"`` (cumulative int32 ``actual_seq_lengths_query``),
 ``layout_kv="PA_BSND"`` (per-request int32 ``actual_seq_lengths_kv``, int32
-``block_table``), ``sparse_block_size=1``; ``return_softmax_lse`` raises.
+``block_table``), ``sparse_block_size=1`` (other powers of 2 up to 128 raise
+NotImplementedError; values torch-npu refuses, and a zero-width ``sparse_indices``
+(``sparse_size`` 0), raise ValueError); ``return_softmax_lse`` raises.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from vllm_ascend_ext.ops.op_record import NpuOp
 from vllm_ascend_ext.ops.paged_read import gather_tokens, host_ints
 
 OP = "npu_sparse_flash_attention"
+MAX_SPARSE_BLOCK_SIZE = 128
 
 
 def _check(query, key, value, sparse_indices, block_table, query_rope, key_rope,
@@ -36,8 +39,14 @@ def _check(query, key, value, sparse_indices, block_table, query_rope, key_rope,
         raise NotImplementedError(f"{OP}: layouts {layout_query}/{layout_kv} not emulated")
     if attention_mode != 2:
         raise ValueError(f"{OP}: attention_mode must be 2 (MLA absorb), got {attention_mode}")
-    if sparse_block_size != 1:
-        raise NotImplementedError(f"{OP}: sparse_block_size {sparse_block_size} not emulated (1)")
+    # torch-npu 2.13 docs: sparse_block_size takes [1, 128], a power of 2.
+    sbs = int(sparse_block_size)
+    if not 1 <= sbs <= MAX_SPARSE_BLOCK_SIZE or sbs & (sbs - 1):
+        raise ValueError(f"{OP}: sparse_block_size must be a power of 2 in "
+                         f"[1, {MAX_SPARSE_BLOCK_SIZE}], got {sparse_block_size}")
+    if sbs != 1:
+        raise NotImplementedError(
+            f"{OP}: sparse_block_size {sparse_block_size} not emulated (1 only)")
     if sparse_mode not in (0, 3):
         raise ValueError(f"{OP}: sparse_mode must be 0 or 3, got {sparse_mode}")
     if return_softmax_lse:
@@ -61,6 +70,14 @@ def _check(query, key, value, sparse_indices, block_table, query_rope, key_rope,
         raise ValueError(
             f"{OP}: sparse_indices must be int32 [T,1,K], got {sparse_indices.dtype} "
             f"{tuple(sparse_indices.shape)}"
+        )
+    # torch-npu 2.13 docs: sparse_indices is [Q_T, KV_N, sparse_size], sparse_size > 0
+    # (a row that selects fewer keys is padded with -1, never narrowed to nothing).
+    if sparse_indices.shape[-1] == 0:
+        raise ValueError(
+            f"{OP}: sparse_indices {tuple(sparse_indices.shape)}: its last dimension, "
+            "sparse_size (the blocks selected per query token), must be > 0, got 0; "
+            "pad unused entries with -1"
         )
     if block_table is None or block_table.dtype != torch.int32:
         raise ValueError(f"{OP}: an int32 block_table is required with PA_BSND")
