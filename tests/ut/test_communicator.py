@@ -141,3 +141,19 @@ def test_vllms_graph_capture_accepts_the_communicator_and_nothing_of_xpus_runs()
     for name, value in vars(DeviceCommunicatorBase).items():
         if callable(value) and name not in vars(AscendCommunicator):
             assert getattr(AscendCommunicator, name) is value, name
+
+
+def test_the_mc2_group_name_is_asked_with_the_rank_in_the_group(monkeypatch):
+    """HCCL's communicator name of an EP group is asked with this process's rank in that
+    group: global rank 5 is rank 1 of an EP group {4, 5, 6, 7}."""
+    from vllm_ascend_ext.distributed import communicator as module
+
+    asked = []
+    group = type("Group", (), {})()
+    group._get_backend = lambda device: type("Backend", (), {
+        "get_hccl_comm_name": staticmethod(lambda rank: asked.append(rank) or f"hccl{rank}")})()
+    monkeypatch.setattr(module.dist, "get_backend", lambda g: "hccl")
+    monkeypatch.setattr(module.dist, "get_rank", lambda g=None: 5 if g is None else 1)
+    comm = module.AscendCommunicator.__new__(module.AscendCommunicator)
+    comm.device_group, comm.device = group, torch.device("cpu")
+    assert comm.moe_group_name() == "hccl1" and asked == [1]

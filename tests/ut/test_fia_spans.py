@@ -52,17 +52,19 @@ def _per_request():
                  for b, (t0, t1) in enumerate(zip(starts, CU)))
 
 
-def _problem(seed=0):
-    """(query, key, value, kv_cache with each request's prefix, expected [n, NQ, D])."""
+def _problem(seed=0, bs=BS):
+    """(query, key, value, kv_cache with each request's prefix, expected [n, NQ, D]);
+    ``bs``: the cache's block size (16: requests cross blocks; 128: what an NPU's paged
+    prefill takes, every request in its first block)."""
     g = torch.Generator().manual_seed(seed)
     seq_k = [torch.randn(L, NKV, D, generator=g) for L in SEQ_LENS]
     seq_v = [torch.randn(L, NKV, D, generator=g) for L in SEQ_LENS]
-    kv_cache = torch.zeros(NB, NKV, BS, 2 * D)
-    planes = kv_cache.view(NB, 2, BS, NKV, D)
+    kv_cache = torch.zeros(NB, NKV, bs, 2 * D)
+    planes = kv_cache.view(NB, 2, bs, NKV, D)
     for b, (lq, L) in enumerate(zip(Q_LENS, SEQ_LENS)):
         for p in range(L - lq):
-            planes[int(TABLE[b, p // BS]), 0, p % BS] = seq_k[b][p]
-            planes[int(TABLE[b, p // BS]), 1, p % BS] = seq_v[b][p]
+            planes[int(TABLE[b, p // bs]), 0, p % bs] = seq_k[b][p]
+            planes[int(TABLE[b, p // bs]), 1, p % bs] = seq_v[b][p]
     qs = [torch.randn(lq, NQ, D, generator=g) for lq in Q_LENS]
     new_k = torch.cat([k[L - lq:] for k, L, lq in zip(seq_k, SEQ_LENS, Q_LENS)])
     new_v = torch.cat([v[L - lq:] for v, L, lq in zip(seq_v, SEQ_LENS, Q_LENS)])
@@ -75,15 +77,15 @@ def _problem(seed=0):
     return query, key, value, kv_cache, expected
 
 
-def _metadata(step_spans_: tuple[Span, ...]) -> AscendFIAMetadata:
+def _metadata(step_spans_: tuple[Span, ...], bs: int = BS) -> AscendFIAMetadata:
     """The step's metadata, builder-free: plane ids and slots from kv_layout, given spans."""
-    slots = [int(TABLE[b, p // BS]) * BS + p % BS
+    slots = [int(TABLE[b, p // bs]) * bs + p % bs
              for b, (lq, L) in enumerate(zip(Q_LENS, SEQ_LENS)) for p in range(L - lq, L)]
     return AscendFIAMetadata(
         num_actual_tokens=CU[-1], num_reqs=len(Q_LENS), max_query_len=max(Q_LENS),
         max_seq_len=max(SEQ_LENS), causal=True,
         block_table=plane_block_table(TABLE, 2),
-        slot_indices=plane_slots(torch.tensor(slots), BS, 2),
+        slot_indices=plane_slots(torch.tensor(slots), bs, 2),
         actual_seq_lengths_q=CU, actual_seq_lengths_kv=tuple(SEQ_LENS), spans=step_spans_)
 
 
@@ -220,10 +222,11 @@ def test_a_strided_query_reaches_fia_contiguous_in_contract_mode(contract):
     from vllm_ascend_ext.contract.harness import ContractViolation
 
     harness = contract("ascend910b2")
-    query, key, value, kv_cache, expected = (t.to(torch.bfloat16) for t in _problem())
+    # block size 128: the prefill span's call is paged prefill (its documented sizes)
+    query, key, value, kv_cache, expected = (t.to(torch.bfloat16) for t in _problem(bs=128))
     strided = torch.cat([query, key, value], dim=-1)[:, : NQ * D]
     assert not strided.is_contiguous()
-    md = _metadata(_decode_prefill())
+    md = _metadata(_decode_prefill(), bs=128)
     output = torch.zeros_like(query)
     impl = AscendFIAImpl(NQ, D, D**-0.5, NKV)
     impl.forward(None, strided, key, value, kv_cache.clone(), md, output)

@@ -102,9 +102,32 @@ def test_the_fia_block_size_rule_uses_the_shared_limits():
     assert fia_checks.KERNEL_BLOCK_SIZES[-1] == fia_checks.MAX_BLOCK_SIZE
     from vllm_ascend_ext.attention.fia.backend import AscendFIABackend
 
-    assert AscendFIABackend.get_supported_kernel_block_sizes() == list(
-        range(fia_checks.BLOCK_SIZE_ALIGN, fia_checks.MAX_BLOCK_SIZE + 1,
-              fia_checks.BLOCK_SIZE_ALIGN))
+    assert AscendFIABackend.get_supported_kernel_block_sizes() == [128, 256, 384, 512]
+
+
+def test_paged_prefill_takes_multiples_of_128_and_decode_multiples_of_16():
+    """FIA's two documented block-size readings: every paged call 16-aligned up to 512; a
+    paged call with a query longer than one token (TND: from the cumulative ends) a
+    multiple of 128 in [128, 512]."""
+    from vllm_ascend_ext.contract.rules import Call
+
+    def problems(block_size: int, ends: list[int]) -> list[str]:
+        t = ends[-1]
+        values = dict(query=torch.zeros(t, 2, 64, dtype=torch.bfloat16),
+                      key=torch.zeros(4, block_size, 128, dtype=torch.bfloat16),
+                      block_table=torch.zeros(len(ends), 1, dtype=torch.int32),
+                      input_layout="TND", actual_seq_lengths=ends,
+                      actual_seq_lengths_kv=[1] * len(ends), block_size=block_size)
+        call = Call(op=op_rules.FIA, values=values, soc="ascend910b2", family="A2", mutable=())
+        return [("prefill" if "128的倍数" in r.quote else "any") for r in op_rules.FIA_RULES
+                if r.argument == "block_size" and r.check(call)]
+
+    assert problems(128, [1, 2, 3]) == problems(128, [1, 9]) == []
+    assert problems(512, [7]) == problems(256, [7]) == []
+    assert problems(16, [1, 2, 3]) == []                  # decode only: 16-aligned is enough
+    assert problems(16, [1, 9]) == ["prefill"]     # an 8-token query: paged prefill
+    assert problems(272, [40]) == ["prefill"]
+    assert problems(24, [1, 2]) == ["any"]
 
 
 def test_the_harness_computes_with_the_record_and_refuses_an_undeclared_operator(contract):

@@ -191,7 +191,7 @@ def test_preflight_refuses_the_model_before_the_engine_starts(kwargs, needle):
     with pytest.raises(UnsupportedAttentionError, match=needle) as info:
         preflight("t", from_name("a2"), _vllm_config(**kwargs))
     served = ("served are standard decoder attention" if kwargs.get("use_mla") else
-              "--block-size multiples of 16 up to 512 (larger blocks are split into kernel "
+              "--block-size multiples of 128 up to 512 (larger blocks are split into kernel "
               "blocks); --kv-cache-dtype auto, float16, bfloat16")
     assert served in str(info.value)  # what would be served instead
 

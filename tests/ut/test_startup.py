@@ -24,7 +24,8 @@ MODELS = Path(__file__).resolve().parents[2] / "vllm_ascend_ext" / "models"
 
 HEAD = ["parse: ascend_ext options", "platform: check", "parse: model facts",
         "parse: quantization description", "refuse: EPLB, all-to-all backends",
-        "refuse: forced MC2 / all-to-all dispatch", "platform: refuse"]
+        "refuse: forced MC2 / all-to-all dispatch", "refuse: MC2 HCCL buffer",
+        "platform: refuse"]
 TAIL = ["default: exact host lists", "default: layer ops", "preflight", "platform: finish"]
 # The whole sequence of one start, for a standard decoder, an SFA and a hybrid model.
 EXPECTED = {
@@ -289,3 +290,101 @@ def test_a_hybrid_model_with_a_kv_connector_turns_prefix_caching_off(environ):
     assert (cache.enable_prefix_caching, cache.mamba_cache_mode) == (False, "none")
     assert cache.mamba_block_size == config.model_config.max_model_len
     assert hybrid_prefix_caching_off(_hybrid_config(False)) is None
+
+
+# -- the block size vLLM's platform step leaves on the NPU platform ------------------------
+# vLLM's ``Platform.update_block_size_for_backend`` (run by the executor after start-up)
+# replaces a block size the user did not pass with the backend's preferred one, then aligns
+# a hybrid model's to its mamba page. The emulated platform (vLLM's CPU platform) skips the
+# first phase; the NPU platform runs both, so the backends prefer paged prefill's 128.
+
+QWEN3_NEXT_80B = {"hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 2,
+                  "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                  "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                  "linear_conv_kernel_dim": 4}
+
+
+def _vllm_block_step(config, backend, monkeypatch) -> int:
+    """vLLM's own block-size step on the NPU platform, the model's attention layers
+    reporting ``backend`` (what they report once built)."""
+    monkeypatch.setattr(AscendNPUPlatform, "_find_non_ssm_backends",
+                        classmethod(lambda cls, cfg: [backend]))
+    AscendNPUPlatform.update_block_size_for_backend(config)
+    return config.cache_config.block_size
+
+
+@pytest.mark.parametrize("model,user,expected", [("tiny_qwen3", None, 128),
+                                                 ("tiny_qwen3", 256, 256),
+                                                 ("tiny_dsa", None, 128)])
+def test_vllms_block_size_step_keeps_the_npu_platforms_size(model, user, expected, environ,
+                                                           monkeypatch):
+    from vllm_ascend_ext.attention.fia.backend import AscendFIABackend
+    from vllm_ascend_ext.attention.sfa.backend import AscendSFABackend
+
+    config = _vllm_config(model, block_size=user)
+    AscendNPUPlatform.check_and_update_config(config)
+    backend = AscendSFABackend if model == "tiny_dsa" else AscendFIABackend
+    assert _vllm_block_step(config, backend, monkeypatch) == expected
+
+
+def test_a_hybrid_models_aligned_block_is_a_multiple_of_128(environ, monkeypatch, tmp_path):
+    """Qwen3-Next-80B's sizes at TP 4: vLLM aligns the attention page to the GDN state's
+    page; from the backend's 128 that stays a multiple of 128 (paged prefill's rule); from
+    16-multiples and vLLM's default preference of 16 it is not (272 with a bf16 state, 528
+    with the float32 state vLLM's CPU platform sets in this process)."""
+    import json
+
+    from vllm.config import ModelConfig, ParallelConfig, VllmConfig
+    from vllm.v1.attention.backend import AttentionBackend
+
+    from vllm_ascend_ext.attention.fia.backend import AscendFIABackend
+
+    source = MODELS / "tiny_qwen3_next"
+    config_json = {**json.loads((source / "config.json").read_text()), **QWEN3_NEXT_80B}
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+
+    def aligned(prefer_vllms_default: bool) -> int:
+        config = VllmConfig(
+            model_config=ModelConfig(model=str(tmp_path), dtype=torch.bfloat16,
+                                     skip_tokenizer_init=True),
+            parallel_config=ParallelConfig(tensor_parallel_size=4))
+        AscendNPUPlatform.check_and_update_config(config)
+        with monkeypatch.context() as m:
+            if prefer_vllms_default:  # the control: the earlier declaration (16-multiples)
+                m.setattr(AscendFIABackend, "get_preferred_block_size",
+                          classmethod(AttentionBackend.get_preferred_block_size.__func__))
+                m.setattr(AscendFIABackend, "get_supported_kernel_block_sizes",
+                          staticmethod(lambda spec=None: list(range(16, 513, 16))))
+            return _vllm_block_step(config, AscendFIABackend, m)
+
+    block, before = aligned(False), aligned(True)
+    assert block % 128 == 0 and 128 <= block
+    assert before % 128 and before < block + 128, before
+    # the aligned size is one the backend serves through its kernel blocks
+    assert any(block % size == 0 for size in AscendFIABackend.get_supported_kernel_block_sizes())
+
+
+def test_an_emulated_multi_rank_engine_starts_on_one_numa_node(environ, monkeypatch):
+    """vLLM's executor binds a CPU platform's workers one NUMA node each and asserts with
+    fewer nodes than ranks; the emulated NPU engine's workers are left unbound (as an NPU
+    platform's), unless the user chose."""
+    import vllm.utils.cpu_resource_utils as cr_utils
+    from vllm.config import ModelConfig, ParallelConfig, VllmConfig
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    def tp2():
+        return VllmConfig(model_config=ModelConfig(model=str(MODELS / "tiny_qwen3"),
+                                                   dtype=torch.float32, skip_tokenizer_init=True),
+                          parallel_config=ParallelConfig(tensor_parallel_size=2))
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(cr_utils, "get_visible_memory_node", lambda: [0])   # one node
+    config = tp2()
+    EmulatedAscendPlatform.check_and_update_config(config)
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    OMPProcessManager(config)                      # the executor's step: no assertion
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"   # the user's choice stays
+    EmulatedAscendPlatform.check_and_update_config(tp2())
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+    with pytest.raises(AssertionError, match="Not enough allowed NUMA nodes"):
+        OMPProcessManager(config)                  # the control: vLLM's binding

@@ -46,7 +46,8 @@ def _vllm_config(setting: str, hidden: int = 1024, dtype=torch.bfloat16, **par):
         additional_config={"ascend_ext": {"moe_dispatch": setting}},
         parallel_config=_par(**par),
         model_config=SimpleNamespace(hf_text_config=text, hf_config=text, dtype=dtype),
-        scheduler_config=SimpleNamespace(max_num_batched_tokens=256))
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=256, max_num_seqs=64),
+        speculative_config=None)
 
 
 @pytest.mark.parametrize("setting,refused", [("alltoall", AllToAllRefused), ("mc2", Mc2Refused)])
@@ -67,7 +68,9 @@ def test_the_split_sizes_mc2s_buffers_for_each_tp_ranks_share():
     split = dispatch_gate_facts(_vllm_config("mc2"), "A3", 16)
     assert (split.capacity, split.exchange, split.replicated, split.ep_world_size) == (
         128, True, False, 2)
+    assert split.decode_tokens == 32          # 64 decode requests over the two TP ranks
     kept = dispatch_gate_facts(_vllm_config("auto"), "A3", 16)
     assert (kept.capacity, kept.exchange, kept.replicated) == (256, False, True)
+    assert kept.decode_tokens == 64
     with pytest.raises(Mc2Refused, match="hidden"):
         refuse_forced_dispatch(_vllm_config("mc2", hidden=512), "A3")

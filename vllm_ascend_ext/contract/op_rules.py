@@ -36,6 +36,7 @@ from vllm_ascend_ext.ops.fia_checks import (
     BLOCK_SIZE_ALIGN,
     INT8_BLOCK_SIZE_ALIGN,
     MAX_BLOCK_SIZE,
+    PAGED_PREFILL_BLOCK_ALIGN,
 )
 from vllm_ascend_ext.ops.format import (
     ACL_FORMAT_FRACTAL_NZ,
@@ -69,10 +70,10 @@ def _rows(*names: str):
 
 FIA = "npu_fused_infer_attention_score"
 FIA_BLOCK_SIZE_READINGS = (
-    "two readings: 'block_size最小为128, 最大为512, 且要求是128的倍数' (one section) and "
-    "'block_size需要传入非0值，且最大不超过512, key、value输入类型为float16、bfloat16时需要16对齐' "
-    "(the TND/page-attention constraints); checked: the second, which vllm-ascend relies on "
-    "(block size 128 passes both)")
+    "two readings: 'block_size最小为128, 最大为512, 且要求是128的倍数' (the section for Q_S > 1) "
+    "and 'block_size需要传入非0值，且最大不超过512, key、value输入类型为float16、bfloat16时需要16对齐' "
+    "(the TND/page-attention constraints); both checked: this one for every paged call, the "
+    "first for paged calls with a query longer than one token (block size 128 passes both)")
 
 
 def _fia_batch(call: Call) -> int | None:
@@ -113,6 +114,25 @@ def _fia_block_size(call: Call) -> str | None:
     return None
 
 
+def _fia_longest_query(call: Call) -> int:
+    """The longest request query of the call (TND: from the cumulative query ends)."""
+    query, lens = tensor(call, "query"), call.values.get("actual_seq_lengths")
+    if call.values.get("input_layout") == "TND":
+        ends = [0, *(int(n) for n in (lens or ()))]
+        return max((b - a for a, b in zip(ends, ends[1:])), default=0)
+    return 0 if query is None or query.dim() < 3 else int(query.shape[1])
+
+
+def _fia_paged_prefill_block_size(call: Call) -> str | None:
+    size = call.values.get("block_size")
+    if _fia_longest_query(call) <= 1 or (size and PAGED_PREFILL_BLOCK_ALIGN <= size
+                                         <= MAX_BLOCK_SIZE and size % PAGED_PREFILL_BLOCK_ALIGN == 0):
+        return None
+    return (f"block_size {size} with a query of {_fia_longest_query(call)} tokens: paged "
+            f"prefill takes multiples of {PAGED_PREFILL_BLOCK_ALIGN} in "
+            f"[{PAGED_PREFILL_BLOCK_ALIGN}, {MAX_BLOCK_SIZE}]")
+
+
 def _fia_kv_lengths(call: Call) -> str | None:
     if not call.values.get("actual_seq_lengths_kv"):
         return "missing: page attention needs per-request KV lengths"
@@ -138,6 +158,8 @@ FIA_RULES = (
          _fia_block_ids),
     Rule(FIA, "block_size", "block_size需要传入非0值，且最大不超过512, key、value输入类型为float16、bfloat16时需要16对齐",
          when(_paged, _fia_block_size), note=FIA_BLOCK_SIZE_READINGS),
+    Rule(FIA, "block_size", "在使能page attention场景下, block_size最小为128, 最大为512, 且要求是128的倍数",
+         when(_paged, _fia_paged_prefill_block_size), note=FIA_BLOCK_SIZE_READINGS),
     Rule(FIA, "actual_seq_lengths_kv", "page attention场景下, 必须传入actual_seq_lengths_kv.",
          when(_paged, _fia_kv_lengths)),
 )

@@ -201,8 +201,11 @@ class AscendCommunicator(XpuCommunicator):
         group: HCCL's communicator name on an NPU (torch_npu's process group), else a
         name the emulated operators resolve to this group (``ops/moe_distribute``)."""
         if dist.get_backend(self.device_group) == "hccl":
-            backend = self.device_group._get_backend(torch.device("npu"))
-            return backend.get_hccl_comm_name(dist.get_rank())
+            # torch_npu names the communicator by this process's rank in the group (the
+            # operators' own examples pass it); the global rank differs in every EP group
+            # but the first
+            backend = self.device_group._get_backend(self.device)
+            return backend.get_hccl_comm_name(dist.get_rank(self.device_group))
         from vllm_ascend_ext.ops.moe_distribute import register_group
 
         name = f"ascend_ext/{self.unique_name}"

@@ -28,10 +28,13 @@ rank's complete MC2 result); the experts are placed linearly (rank ``r`` holds e
 and every documented bound (``ops/moe_distribute_bounds.py``) holds for the layer's sizes.
 
 **Step size.** The operators take at most 512 tokens per rank on A3 (256 on A2), fewer
-than a prefill step brings. The plan sizes the buffers for ``min(capacity, that bound)``
-tokens per rank (``capacity``: the most tokens a rank can bring to a MoE layer in one
-step, ``max_num_batched_tokens`` split over the TP ranks when the MoE runs
-sequence-parallel). When ``capacity`` is larger the plan is *step-sized*: each step the
+than a prefill step brings, and their HCCL buffer grows with the tokens they are sized for
+(``moe/hccl_buffer.py``). The plan sizes the buffers for a decode step, as vllm-ascend does:
+``min(capacity, decode_tokens, that bound)`` tokens per rank (``capacity``: the most tokens
+a rank can bring to a MoE layer in one step, ``max_num_batched_tokens``; ``decode_tokens``:
+a decode step's, ``max_num_seqs * (1 + k)`` with ``k`` speculative tokens; each split over
+the TP ranks when the MoE runs sequence-parallel). When ``capacity`` is larger the plan is
+*step-sized*: each step the
 layer compares the most tokens any EP rank brings to it (vLLM's per-rank sizes of the
 step, host integers every rank holds alike) with the plan's, and a larger step takes the
 other exchange (``moe/step_route.py``): decode-sized steps go through MC2, prefill-sized
@@ -77,6 +80,7 @@ class Mc2Facts:
     ep_rank: int
     capacity: int              # most tokens of one rank in one step
     replicated: bool = False   # TP ranks hold the same tokens (TP > 1, MoE not seq-parallel)
+    decode_tokens: int | None = None  # most tokens of one rank in a decode step (None: capacity)
 
 
 @dataclass(frozen=True)
@@ -123,10 +127,19 @@ def declined(f: Mc2Facts) -> list[str]:
 
 
 def buffer_tokens(f: Mc2Facts) -> int:
-    """The tokens per rank MC2's buffers are sized for: the layer's ``capacity``, at most
-    the operators' documented bound on the SoC (larger steps take another exchange)."""
+    """The tokens per rank MC2's buffers are sized for: a decode step's (at most the
+    layer's ``capacity``), at most the operators' documented bound on the SoC (larger steps
+    take another exchange)."""
+    tokens = f.capacity if f.decode_tokens is None else min(f.capacity, f.decode_tokens)
     bound = max_tokens(f.family)
-    return f.capacity if bound is None else min(f.capacity, bound)
+    return tokens if bound is None else min(tokens, bound)
+
+
+def decode_tokens(scheduler_config, speculative_config, split: int = 1) -> int:
+    """The most tokens one rank brings to a MoE layer in a decode step: ``max_num_seqs``
+    requests of ``1 + k`` tokens (``k`` speculative tokens), split over ``split`` TP ranks."""
+    k = int(getattr(speculative_config, "num_speculative_tokens", 0) or 0)
+    return -(-int(scheduler_config.max_num_seqs) * (1 + k) // max(split, 1))
 
 
 def mc2_plan(f: Mc2Facts, group_name) -> Mc2Plan | None:

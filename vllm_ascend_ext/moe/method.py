@@ -37,7 +37,14 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 from vllm_ascend_ext.moe import experts
 from vllm_ascend_ext.moe.alltoall import AllToAllPlan, alltoall_plan, routed_experts_alltoall
 from vllm_ascend_ext.moe.expert_shard import ExpertShard, expert_shard
-from vllm_ascend_ext.moe.mc2 import Mc2Facts, Mc2Plan, declined, mc2_plan, routed_experts_mc2
+from vllm_ascend_ext.moe.mc2 import (
+    Mc2Facts,
+    Mc2Plan,
+    declined,
+    decode_tokens,
+    mc2_plan,
+    routed_experts_mc2,
+)
 from vllm_ascend_ext.moe.routing import RoutingPlan, UnsupportedMoEError, plan_routing
 from vllm_ascend_ext.moe.step_route import ALLGATHER, ALLTOALL, MC2, step_route
 from vllm_ascend_ext.moe.tp_split import split_in_layer, tp_split_kernel
@@ -101,7 +108,9 @@ def layer_mc2_facts(layer, shard: ExpertShard, splits: bool = False) -> Mc2Facts
         experts=layer.global_num_experts, ep_world_size=par.ep_size, ep_rank=par.ep_rank,
         capacity=-(-tokens // split),
         replicated=vllm_config.parallel_config.tensor_parallel_size > 1
-        and not (moe.is_sequence_parallel or splits))
+        and not (moe.is_sequence_parallel or splits),
+        decode_tokens=decode_tokens(vllm_config.scheduler_config,
+                                    vllm_config.speculative_config, split))
 
 
 def layer_splits_tokens(layer) -> bool:

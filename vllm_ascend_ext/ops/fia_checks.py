@@ -39,13 +39,19 @@ SPARSE_MODES = (0, 2, 3, 4)  # 1 (allMask) and 9 (tree) are not implemented
 # Paged TND: a multiple of 16 up to 512 (the tiling's MAX_BLOCK_SIZE; one doc section
 # says 1024, the code and another section 512). Larger scheduler blocks (hybrid models
 # align theirs to the mamba page) are split into kernel blocks: the backend declares
-# every kernel block size it takes, and vLLM picks the largest that divides its block.
+# every kernel block size it takes (KERNEL_BLOCK_SIZES), and vLLM picks the largest that
+# divides its block.
 # Defined here only: the FIA backend (KERNEL_BLOCK_SIZES) and contract mode's documented
 # block_size rule (contract/op_rules.py) read these.
 MAX_BLOCK_SIZE = 512
 BLOCK_SIZE_ALIGN = 16
 INT8_BLOCK_SIZE_ALIGN = 32  # int8 K/V (not emulated; contract mode checks it)
-KERNEL_BLOCK_SIZES = tuple(range(BLOCK_SIZE_ALIGN, MAX_BLOCK_SIZE + 1, BLOCK_SIZE_ALIGN))
+# Paged prefill (a request's query longer than one token: the documentation's "当Q_S大于1时"
+# section) takes block_size in [128, 512], a multiple of 128. One cache serves prefill and
+# decode, so the backend's kernel blocks are those (decode alone would take 16-multiples).
+PAGED_PREFILL_BLOCK_ALIGN = 128
+KERNEL_BLOCK_SIZES = tuple(range(PAGED_PREFILL_BLOCK_ALIGN, MAX_BLOCK_SIZE + 1,
+                                 PAGED_PREFILL_BLOCK_ALIGN))
 UNSUPPORTED_OPTIONALS = (
     "pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2",
     "quant_offset2", "antiquant_scale", "antiquant_offset", "key_antiquant_scale",
@@ -147,6 +153,14 @@ def _fail(msg: str) -> None:
     raise FIAArgumentError(f"npu_fused_infer_attention_score: {msg}")
 
 
+def _value_cache_mismatch(key: torch.Tensor, value: torch.Tensor, kvh: int,
+                          block_size: int) -> None:
+    want = (f"(num_blocks, {kvh}, {block_size}, Dv)" if key.dim() == 4 else
+            f"(num_blocks, {block_size}, {kvh}*Dv)")
+    _fail(f"value cache {tuple(value.shape)} does not match key cache {tuple(key.shape)}: "
+          f"it must be {want}, the key cache's blocks in its layout with the value head size")
+
+
 def _as_ints(name: str, values: Sequence[int] | None) -> tuple[int, ...]:
     if values is None:
         _fail(f"{name} is required with input_layout='TND'")
@@ -211,6 +225,8 @@ def check_fia(
     if block_table is None or value.dim() == 4:
         dv = value.shape[-1]
     else:                                      # BnBsH: (blocks, block size, KV_N * Dv)
+        if value.dim() != 3 or value.shape[-1] % kvh:
+            _value_cache_mismatch(key, value, kvh, block_size)
         dv = value.shape[-1] // kvh
     why = tnd_head_dims_refusal(d, dv, num_heads, kvh, sparse_mode,
                                 key.dim() if block_table is not None else None)
@@ -263,15 +279,17 @@ def check_fia(
                       f"(num_blocks, {kvh}, {block_size}, {d})")
         else:
             _fail(f"paged key cache must be 3-D or 4-D, got {tuple(key.shape)}")
-        if tuple(value.shape) != tuple(key.shape):
-            _fail(f"value cache {tuple(value.shape)} must match key cache {tuple(key.shape)}")
+        # The value cache: the key cache's blocks and heads, its own head size Dv (FIA
+        # takes Dv != Dk: 192 with 128, tnd_head_dims_refusal), the same layout.
+        if value.dim() != key.dim() or value.shape[:-1] != key.shape[:-1] \
+                or value.shape[-1] != (kvh * dv if value.dim() == 3 else dv):
+            _value_cache_mismatch(key, value, kvh, block_size)
         capacity = block_table.shape[1] * block_size
         for b, L in enumerate(kv_raw):
             if L < 0 or L > capacity:
                 _fail(f"actual_seq_lengths_kv[{b}] = {L} outside 0..{capacity} "
                       "(block_table width x block_size)")
         kv_lens = kv_raw
-        dv = d
     else:
         if key.dim() != 3 or key.shape[1] != kvh or key.shape[2] != d:
             _fail(f"TND key {tuple(key.shape)} does not match (T_kv, {kvh}, {d})")

@@ -6,7 +6,7 @@ again."""
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 from vllm.logger import init_logger
 
@@ -77,7 +77,7 @@ def dispatch_gate_facts(vllm_config, family: str, experts: int):
     the configuration: a layer of the model's sizes on EP rank 0, its tokens split over
     TP where the MoE runs sequence-parallel (``moe/token_split.py``: vLLM's rule, or TP +
     EP without DP with an exchange asked for, by the plugin's block or inside the layer)."""
-    from vllm_ascend_ext.moe.mc2 import Mc2Facts
+    from vllm_ascend_ext.moe.mc2 import Mc2Facts, decode_tokens
     from vllm_ascend_ext.moe.token_split import sequence_parallel_moe
 
     setting = get_config(vllm_config).moe_dispatch
@@ -85,6 +85,7 @@ def dispatch_gate_facts(vllm_config, family: str, experts: int):
     text = getattr(model, "hf_text_config", None) or model.hf_config
     sp = sequence_parallel_moe(par, setting)
     tokens = vllm_config.scheduler_config.max_num_batched_tokens
+    split = par.tensor_parallel_size if sp else 1
     return Mc2Facts(
         setting=setting, family=family,
         exchange=bool(par.enable_expert_parallel) and (par.data_parallel_size > 1 or sp),
@@ -92,7 +93,43 @@ def dispatch_gate_facts(vllm_config, family: str, experts: int):
         top_k=int(getattr(text, "num_experts_per_tok", 0) or 0), experts=experts,
         ep_world_size=par.data_parallel_size * par.tensor_parallel_size, ep_rank=0,
         capacity=-(-tokens // par.tensor_parallel_size) if sp else tokens,
-        replicated=par.tensor_parallel_size > 1 and not sp)
+        replicated=par.tensor_parallel_size > 1 and not sp,
+        decode_tokens=decode_tokens(vllm_config.scheduler_config,
+                                    vllm_config.speculative_config, split))
+
+
+def model_experts(model_config) -> int:
+    """The model's routed experts (0: no MoE layers)."""
+    text = getattr(model_config, "hf_text_config", None) or model_config.hf_config
+    return next((int(getattr(text, k)) for k in _EXPERT_KEYS if getattr(text, k, None)), 0)
+
+
+def check_mc2_buffer(vllm_config, family: str, environ: Mapping[str, str] = os.environ):
+    """Where the configuration takes MC2: the HCCL buffer its EP group needs
+    (``moe/hccl_buffer.py``), logged, and refused when ``HCCL_BUFFSIZE`` is smaller. Returns
+    the need (None where MC2 does not run)."""
+    from vllm_ascend_ext.moe.hccl_buffer import check_buffer, configured_mb, required_buffer
+    from vllm_ascend_ext.moe.mc2 import buffer_tokens, declined
+
+    model = vllm_config.model_config
+    experts = model_experts(model) if model is not None else 0
+    if not experts:
+        return None
+    gate = dispatch_gate_facts(vllm_config, family, experts)
+    if declined(gate):
+        return None
+    tokens = buffer_tokens(gate)
+    need = required_buffer(family, hidden=gate.hidden, top_k=gate.top_k, experts=experts,
+                           ep_world=gate.ep_world_size, max_bs=tokens,
+                           x_bytes=gate.dtype.itemsize, environ=environ)
+    what = (f"EP {gate.ep_world_size}, {experts // gate.ep_world_size} experts per rank, "
+            f"hidden {gate.hidden}, top-k {gate.top_k}, buffers for {tokens} tokens per rank: "
+            f"max_num_seqs {vllm_config.scheduler_config.max_num_seqs} x (1 + speculative "
+            f"tokens), at most the step budget and the SoC's bound")
+    logger.info("ascend_ext: MC2 (%s) needs HCCL_BUFFSIZE >= %d MB; it is %d MB",
+                what, need.megabytes, configured_mb(environ))
+    check_buffer(need, environ, what)
+    return need
 
 
 def refuse_forced_dispatch(vllm_config, family: str) -> None:
@@ -110,9 +147,7 @@ def refuse_forced_dispatch(vllm_config, family: str) -> None:
         return
     refused = Mc2Refused if setting == "mc2" else alltoall.AllToAllRefused
     what = "MC2" if setting == "mc2" else "all-to-all"
-    model = vllm_config.model_config
-    text = getattr(model, "hf_text_config", None) or model.hf_config
-    experts = next((int(getattr(text, k)) for k in _EXPERT_KEYS if getattr(text, k, None)), 0)
+    experts = model_experts(vllm_config.model_config)
     if not experts:
         raise refused(f"ascend_ext.moe_dispatch is {setting!r} but the model has no MoE layers")
     gate = dispatch_gate_facts(vllm_config, family, experts)

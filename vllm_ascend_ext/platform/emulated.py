@@ -38,6 +38,23 @@ NPU_GRAPH_WRAPPER_CLS = "vllm_ascend_ext.worker.npu_graph.AscendNPUGraphWrapper"
 CPU_WORKER_CLS = "vllm_ascend_ext.worker.emulated.EmulatedAscendWorker"
 
 
+OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def leave_worker_threads_unbound(environ=os.environ) -> bool:
+    """The NPU engine's workers are not vLLM's CPU workers: vLLM's executor binds a CPU
+    platform's workers to one NUMA node each ("auto"), which asserts on a machine with
+    fewer nodes than ranks; an NPU platform binds none. ``nobind`` unless the user chose
+    (True when set here)."""
+    if OMP_BIND_ENV in environ:
+        return False
+    environ[OMP_BIND_ENV] = "nobind"
+    logger.info_once("ascend_ext: %s=nobind: the emulated NPU workers' threads are not "
+                     "bound per NUMA node (vLLM binds only its CPU workers'); set it to "
+                     "choose", OMP_BIND_ENV)
+    return True
+
+
 class EmulatedAscendPlatform(CpuPlatform):
     # Ray places workers on "NPU" resources, as on an Atlas node: a local cluster declares
     # them (``ray start --head --resources '{"NPU": N}'``), each one the CPU stand-in.
@@ -128,6 +145,8 @@ class EmulatedAscendPlatform(CpuPlatform):
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_CLS if start.npu_engine else CPU_WORKER_CLS
+        if start.npu_engine:
+            leave_worker_threads_unbound()
         budget = kv_budget.apply(vllm_config, psutil.virtual_memory().available)
         if budget is not None:
             logger.info(

@@ -8,7 +8,8 @@ parse                 the plugin's options (``additional_config["ascend_ext"]``)
 side.check            can the platform start here: SoC, NPU stack, contract mode -> (SoC, engine)
 parse                 the model's facts (once per start), a ModelSlim description by the weights
 refuse                expert load balancing, all-to-all backends other than vLLM's exchange,
-                      a forced MC2 or all-to-all dispatch the configuration rules out
+                      a forced MC2 or all-to-all dispatch the configuration rules out, an
+                      HCCL_BUFFSIZE smaller than the MC2 group needs
 side.refuse           the platform's own refusals (NPU: dual-batch overlap, Model Runner V2)
 refuse                an SFA model's block size (the user's), drafter speculation (NPU engine)
 side.setup            the platform's own set-up (NPU: spawn, worker, block size; emulated:
@@ -85,6 +86,7 @@ def run(vllm_config, side: Side, *, on_step: Callable[[str], None] | None = None
     step("refuse: EPLB, all-to-all backends", hooks.refuse_expert_parallel, vllm_config)
     step("refuse: forced MC2 / all-to-all dispatch", hooks.refuse_forced_dispatch, vllm_config,
          soc.family)
+    step("refuse: MC2 HCCL buffer", hooks.check_mc2_buffer, vllm_config, soc.family)
     step("platform: refuse", side.refuse, start)
     if facts.sparse_mla:
         step("refuse: SFA block size", hooks.refuse_sfa_block_size, cache)

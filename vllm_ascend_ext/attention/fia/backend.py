@@ -48,9 +48,17 @@ class AscendFIABackend(DecoderOnlyCapabilities, AttentionBackend):
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
-        # Multiples of 16 up to 512, each named: vLLM serves a larger block (a hybrid
-        # model's, aligned to its mamba page) through the largest of them that divides it.
+        # 128, 256, 384, 512 (paged prefill's documented sizes), each named: vLLM serves a
+        # larger block (a hybrid model's, aligned to its mamba page) through the largest of
+        # them that divides it.
         return list(KERNEL_BLOCK_SIZES)
+
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        # vLLM's platform step replaces a block size the user did not pass with this; its
+        # default (16) is no paged-prefill size. A hybrid model's alignment then keeps
+        # multiples of it.
+        return KERNEL_BLOCK_SIZES[0]
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:

@@ -62,6 +62,12 @@ class AscendSFABackend(DecoderOnlyCapabilities, AttentionBackend):
         return [MultipleOf(BLOCK_SIZE_ALIGN)]
 
     @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        # vLLM's platform step replaces a block size the user did not pass with this
+        # (its default would be 16): the SFA kernels' default, as the start-up sets it.
+        return DEFAULT_BLOCK_SIZE
+
+    @classmethod
     def is_mla(cls) -> bool:
         return True
 
