@@ -45,8 +45,8 @@ import socket
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# vLLM's CPU platform binds each local worker's threads to its own NUMA node; one node here
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+# (no VLLM_CPU_OMP_THREADS_BIND here: the emulated platform leaves the NPU workers'
+# threads unbound itself, so a TP engine starts on this one-NUMA-node machine as a user's)
 
 DROP = "RUN_DP_DROP_COMBINE_SUM"
 if os.environ.get(DROP) == "1":          # in the worker processes, imported by vLLM

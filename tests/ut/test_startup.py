@@ -24,6 +24,7 @@ MODELS = Path(__file__).resolve().parents[2] / "vllm_ascend_ext" / "models"
 
 HEAD = ["parse: ascend_ext options", "platform: check", "parse: model facts",
         "parse: quantization description", "refuse: EPLB, all-to-all backends",
+        "refuse: features of unanswered platform hooks",
         "refuse: forced MC2 / all-to-all dispatch", "refuse: MC2 HCCL buffer",
         "platform: refuse"]
 TAIL = ["default: exact host lists", "default: layer ops", "preflight", "platform: finish"]

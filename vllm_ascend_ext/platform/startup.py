@@ -8,6 +8,8 @@ parse                 the plugin's options (``additional_config["ascend_ext"]``)
 side.check            can the platform start here: SoC, NPU stack, contract mode -> (SoC, engine)
 parse                 the model's facts (once per start), a ModelSlim description by the weights
 refuse                expert load balancing, all-to-all backends other than vLLM's exchange,
+                      options that reach a platform hook the NPU platform leaves undefined
+                      (LoRA, the IPC weight cache, CUDA's NIC mapping: ``unanswered.py``),
                       a forced MC2 or all-to-all dispatch the configuration rules out, an
                       HCCL_BUFFSIZE smaller than the MC2 group needs
 side.refuse           the platform's own refusals (NPU: dual-batch overlap, Model Runner V2)
@@ -35,6 +37,7 @@ from vllm.logger import init_logger
 
 from vllm_ascend_ext.platform import config_hooks as hooks
 from vllm_ascend_ext.platform import facts as facts_module
+from vllm_ascend_ext.platform import unanswered
 from vllm_ascend_ext.platform.facts import ModelFacts
 from vllm_ascend_ext.platform.selection import preflight
 from vllm_ascend_ext.platform.soc import Soc
@@ -84,6 +87,7 @@ def run(vllm_config, side: Side, *, on_step: Callable[[str], None] | None = None
     step("parse: quantization description", hooks.apply_quant_description, vllm_config)
 
     step("refuse: EPLB, all-to-all backends", hooks.refuse_expert_parallel, vllm_config)
+    step("refuse: features of unanswered platform hooks", unanswered.refuse, vllm_config)
     step("refuse: forced MC2 / all-to-all dispatch", hooks.refuse_forced_dispatch, vllm_config,
          soc.family)
     step("refuse: MC2 HCCL buffer", hooks.check_mc2_buffer, vllm_config, soc.family)
