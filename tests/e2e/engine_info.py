@@ -44,4 +44,8 @@ def engine_info(llm) -> dict:
             "graph_memory_estimate": getattr(worker, "cudagraph_memory_estimate", None),
             "kv_cache_bytes": getattr(worker, "available_kv_cache_memory_bytes", None),
             "kv_budget_before_graphs": getattr(worker, "kv_budget_before_graphs", None),
-            "kv_cache_memory_bytes": llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes}
+            "kv_cache_memory_bytes": llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes,
+            # what the NPU platform chooses (vLLM's CPU platform would turn async off)
+            "async_scheduling": llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
+            "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
+            "top_k_top_p_fused": getattr(runner.sampler.topk_topp_sampler, "fused_calls", None)}

@@ -209,6 +209,8 @@ def worker_options(args: dict) -> dict:
         extra["worker_extension_cls"] = "run_dp.WorkerExtension"
     if args.get("max_num_batched_tokens"):
         extra["max_num_batched_tokens"] = args["max_num_batched_tokens"]
+    if args.get("max_num_seqs"):      # also what MC2's decode-step buffers are sized for
+        extra["max_num_seqs"] = args["max_num_seqs"]
     if args.get("moe_dispatch"):
         extra["additional_config"] = {"ascend_ext": {"moe_dispatch": args["moe_dispatch"]}}
     if args.get("moe_dispatch") == "alltoall":
@@ -344,6 +346,7 @@ def main() -> None:
     ap.add_argument("--drop-combine-sum", action="store_true")
     ap.add_argument("--swap-expert-shard", action="store_true")
     ap.add_argument("--max-num-batched-tokens", type=int, default=0)
+    ap.add_argument("--max-num-seqs", type=int, default=0)
     ap.add_argument("--moe-dispatch", default="", help="ascend_ext.moe_dispatch")
     ap.add_argument("--mc2-rotate-experts", action="store_true")
     ap.add_argument("--tp-split-unreduced", action="store_true")

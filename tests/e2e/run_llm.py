@@ -235,8 +235,10 @@ def main() -> None:
         prompts = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 60))) * 2
                    for _ in range(32)]
     if args.sample:   # each request its own temperature and seed: reproducible sampling
+        # (every other request also filtered by top-k and top-p: the sampler's filter)
         sp = [SamplingParams(max_tokens=args.max_tokens, temperature=0.6 + 0.2 * (i % 4),
-                             seed=1000 + i, logprobs=1, ignore_eos=True)
+                             seed=1000 + i, logprobs=1, ignore_eos=True,
+                             **({"top_k": 5 + i, "top_p": 0.9} if i % 2 else {}))
               for i in range(len(prompts))]
     if args.ragged:     # 12 / 9 / 6 ... tokens: requests finish at different steps
         assert args.max_tokens > 6 and not args.sample, "--ragged: greedy, --max-tokens > 6"

@@ -22,7 +22,7 @@ def test_tiny_qwen_moe_runs_in_contract_mode_with_no_violation(runs):
     contract = on["contract"]
     assert contract["violations"] == 0
     assert set(contract["calls"]) == ({"npu_fused_infer_attention_score", "npu_scatter_pa_kv_cache",
-                                       "npu_moe_gating_top_k_softmax"} | LAYER_OPS
+                                       "npu_moe_gating_top_k_softmax"} | LAYER_OPS | SAMPLER
                                       | MOE_OPS - {"npu_moe_gating_top_k"}), contract["summary"]
     assert contract["calls"]["npu_fused_infer_attention_score"] > 0
     assert contract["summary"].startswith("ascend_ext npu-contract: validated ")
@@ -49,14 +49,31 @@ def test_contract_mode_pretending_a3_and_950_reports_documentation_gaps_per_soc(
     assert {part.split("=")[0] for part in listed.split(": ", 1)[1].split(", ")} == gaps
 
 
+def test_sampled_requests_filter_top_k_top_p_through_npu_top_k_top_p(runs):
+    """Random sampling with top-k and top-p on every other request (bf16, A2): the NPU
+    runner's sampler filters with npu_top_k_top_p (its documented ranges checked on every
+    call), beyond the two calls of vLLM's sampler warm-up; no violation."""
+    on = runs("--sample", "--dtype", "bfloat16", "--enforce-eager", emulate=True,
+              ASCEND_EXT_NPU_CONTRACT="1")
+    contract = on["contract"]
+    assert contract["violations"] == 0, contract["summary"]
+    warm_up = 2           # vLLM's dummy sample, without and with a generator
+    assert contract["calls"]["npu_top_k_top_p"] > warm_up, contract["summary"]
+    assert on["engine"]["top_k_top_p_fused"] == contract["calls"]["npu_top_k_top_p"]
+
+
 DSA_ARGS = ("--dtype", "bfloat16", "--max-num-batched-tokens", "64", "--min-words", "130",
             "--num-prompts", "2", "--max-tokens", "4", "--enforce-eager")
 MOE_OPS = {"npu_moe_gating_top_k", "npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_swiglu",
            "npu_moe_token_unpermute"}
 # RMSNorm (with the residual add), RoPE and SiluAndMul on torch_npu (layers/)
 LAYER_OPS = {"npu_rms_norm", "npu_add_rms_norm", "npu_mrope", "npu_swiglu"}
+# the sampler's filter: vLLM's warm-up samples with top-k (vocab - 1 = 1023, in the
+# operator's range) on A2/A3 (worker/npu_sampler.py)
+SAMPLER = {"npu_top_k_top_p"}
 NATIVE_OPS = {"npu_rms_norm", "npu_interleave_rope", "npu_kv_rmsnorm_rope_cache",
-              "npu_lightning_indexer", "npu_sparse_flash_attention", "npu_add_rms_norm"} | MOE_OPS
+              "npu_lightning_indexer", "npu_sparse_flash_attention", "npu_add_rms_norm"} | MOE_OPS \
+    | SAMPLER
 # DSA's RoPE runs inside its attention ops: the layer ops are its norms and SiluAndMul.
 # The W8A8 experts (FRACTAL_NZ on the default A2) take the fused first GEMM, the dense
 # and shared-expert MLPs npu_dequant_swiglu_quant: no npu_swiglu is left.
@@ -64,7 +81,7 @@ PROLOG_W8A8_OPS = {"npu_format_cast", "npu_dynamic_quant", "npu_quant_matmul", "
                    "npu_lightning_indexer", "npu_sparse_flash_attention", "npu_rms_norm",
                    "npu_add_rms_norm", "npu_add_rms_norm_dynamic_quant",
                    "npu_grouped_matmul_swiglu_quant", "npu_dequant_swiglu_quant"} | (
-                       MOE_OPS - {"npu_swiglu"})
+                       MOE_OPS - {"npu_swiglu"}) | SAMPLER
 
 
 @pytest.mark.parametrize("extra,ops", [((), NATIVE_OPS), (("--quantized",), PROLOG_W8A8_OPS)],

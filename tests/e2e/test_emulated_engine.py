@@ -32,10 +32,13 @@ def test_emulated_platform_serves_every_layer_with_the_plugin_backend(runs):
     assert emu["platform"] == "EmulatedAscendPlatform"
     assert emu["backends"] == ["ASCEND_EXT_FIA"]
     assert emu["num_attention_layers"] == 2
+    # the NPU platform's choices, not vLLM's CPU platform's (which turns async off)
+    assert emu["engine"]["async_scheduling"] is True and emu["engine"]["block_size"] == 128
 
 
 def test_tokens_and_logprobs_match_vllm_cpu_backend(runs):
     stock, emu = runs(*CHUNKED, emulate=False), runs(*CHUNKED, emulate=True)
+    assert stock["engine"]["async_scheduling"] is False   # vLLM's CPU platform's choice
     assert emu["tokens"] == stock["tokens"]
     assert max_logprob_gap(emu, stock) < 1e-4
 

@@ -205,9 +205,12 @@ def test_tp2_ep2_without_dp_qwen_moe_layers_split_the_tokens_through_mc2(one_eng
     it were not) and every decode step take MC2, the decode graphs holding it on both
     ranks. Contract mode on both ranks: no violation, the same calls on each. Against one
     engine: departures only within bf16 noise (6e-2; the prompts hold an exact bf16 tie,
-    which either run may take)."""
+    which either run may take). MC2's buffers are sized for a decode step of
+    ``max_num_seqs`` requests split over TP: 1024 requests give 512 tokens per rank, so the
+    600-token prompt's split step (about 340 per rank) fits them, as on an A3 serving that
+    many requests (with vLLM's default it would take the all-gather: 4 init-routings)."""
     args = ("--model", "qwen-moe-wide", "--dtype", "bfloat16", "--long-prompt", "600",
-            "--max-num-batched-tokens", "2048")
+            "--max-num-batched-tokens", "2048", "--max-num-seqs", "1024")
     two = run_script("run_dp.py", "--dp", "1", "--tp", "2", "--ep", *args,
                      "--moe-dispatch", "mc2", "--graphs", emulate=True,
                      ASCEND_EXT_NPU_CONTRACT="1", **A3)

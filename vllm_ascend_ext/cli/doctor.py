@@ -123,7 +123,19 @@ def _npu_platform() -> dict:
             "pipeline_parallel": "not refused; not tested here; eager",
             "executors": _executors(),
         },
-        "block_size": {"fia": 128, "sfa": DEFAULT_BLOCK_SIZE},
+        # what vLLM's block-size step leaves when the user passes none (backends' preference)
+        "block_size": {"fia": AscendFIABackend.get_preferred_block_size(16),
+                       "sfa": DEFAULT_BLOCK_SIZE,
+                       "hybrid": "vLLM aligns the attention page to the GDN state's page in "
+                                 "multiples of 128 (paged prefill's documented sizes)"},
+        "async_scheduling": "on where vLLM turns it on (its default off the CPU, emulation "
+                            "included); off with speculative decoding (FIA takes exact host "
+                            "lengths)",
+        "sampler": "top-k / top-p through npu_top_k_top_p on A2/A3 when every request's k is "
+                   "in [1, 1024] (host copy), vLLM's PyTorch filter elsewhere; never vLLM's "
+                   "Triton filter (worker/npu_sampler.py)",
+        "mc2_hccl_buffer": "the HCCL_BUFFSIZE each MC2 EP group needs (decode-step buffers: "
+                           "max_num_seqs x (1 + k)) logged at start-up, refused when smaller",
         "fia_backend": AscendFIABackend.get_name(),
         "moe": {
             "method": f"{AscendFusedMoEMethod.__module__}.{AscendFusedMoEMethod.__qualname__}",

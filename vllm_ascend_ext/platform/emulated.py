@@ -159,8 +159,14 @@ class EmulatedAscendPlatform(CpuPlatform):
                 sched.max_num_batched_tokens)
         capture_sizes = list(vllm_config.compilation_config.cudagraph_capture_sizes or [])
         executor = parallel.distributed_executor_backend
+        async_scheduling = sched.async_scheduling
         super().check_and_update_config(vllm_config)
         if start.npu_engine:
+            # vLLM's CPU platform turns async scheduling off; vLLM resolved it before the
+            # platform hook as it does for the NPU platform (on unless an option rules it
+            # out): the NPU engine keeps that choice (speculation turns it off later,
+            # config_hooks.exact_host_lists_with_speculation).
+            sched.async_scheduling = async_scheduling
             # vLLM's CPU platform clears the capture sizes vLLM chose; the graph-mode
             # default (platform/graph_mode.py) keeps them or clears them itself.
             vllm_config.compilation_config.cudagraph_capture_sizes = capture_sizes
