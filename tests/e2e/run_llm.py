@@ -245,6 +245,8 @@ def main() -> None:
         sp = [SamplingParams(max_tokens=args.max_tokens - 3 * (i % 3), temperature=0.0,
                              logprobs=1, ignore_eos=True) for i in range(len(prompts))]
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    # the sampler's npu_top_k_top_p calls before any request (vLLM's warm-ups)
+    fused_at_start = getattr(runner.sampler.topk_topp_sampler, "fused_calls", None)
     oracle = None
     if args.oracle:
         oracle = oracle_drafts(runner, args.oracle[0], float(args.oracle[1]))
@@ -269,6 +271,7 @@ def main() -> None:
     from engine_info import engine_info
 
     result["engine"] = engine_info(llm)
+    result["top_k_top_p_fused_at_start"] = fused_at_start
     result["replays"] = replays
     if args.mtp:
         result.update(spec_result(llm, runner, substitute_calls, oracle))

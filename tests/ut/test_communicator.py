@@ -143,9 +143,10 @@ def test_vllms_graph_capture_accepts_the_communicator_and_nothing_of_xpus_runs()
             assert getattr(AscendCommunicator, name) is value, name
 
 
-def test_the_mc2_group_name_is_asked_with_the_rank_in_the_group(monkeypatch):
-    """HCCL's communicator name of an EP group is asked with this process's rank in that
-    group: global rank 5 is rank 1 of an EP group {4, 5, 6, 7}."""
+def test_the_mc2_group_name_is_asked_with_the_global_rank(monkeypatch):
+    """HCCL's communicator name of an EP group is asked with this process's global rank,
+    as torch_npu documents ("传入的rankid为全局的rankid"; it selects the device): global
+    rank 5 (rank 1 of an EP group {4, 5, 6, 7}) asks with 5."""
     from vllm_ascend_ext.distributed import communicator as module
 
     asked = []
@@ -156,4 +157,4 @@ def test_the_mc2_group_name_is_asked_with_the_rank_in_the_group(monkeypatch):
     monkeypatch.setattr(module.dist, "get_rank", lambda g=None: 5 if g is None else 1)
     comm = module.AscendCommunicator.__new__(module.AscendCommunicator)
     comm.device_group, comm.device = group, torch.device("cpu")
-    assert comm.moe_group_name() == "hccl1" and asked == [1]
+    assert comm.moe_group_name() == "hccl5" and asked == [5]

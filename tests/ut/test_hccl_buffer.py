@@ -88,15 +88,18 @@ def _qwen3_30b(tmp_path, max_num_seqs: int, spec_tokens: int = 0):
     return vllm_config
 
 
-def test_start_up_refuses_a_small_buffer_for_the_configured_decode_step(tmp_path):
+def test_start_up_refuses_a_small_buffer_for_forced_mc2(tmp_path):
     from vllm_ascend_ext.platform.config_hooks import check_mc2_buffer
 
     # 256 requests per rank: 8 local experts * 256 * 16 * Align512(4096 + 64 = 4160) = 4608
     # rows 150_994_944; shared (8 + 1) * 256 * 4096 = 9_437_184; x2 = 320_864_256 -> 306 MB
+    forced = _qwen3_30b(tmp_path, 256)
+    forced.additional_config = {"ascend_ext": {"moe_dispatch": "mc2"}}
     with pytest.raises(AscendExtError, match=r"HCCL_BUFFSIZE >= 306 MB"):
-        check_mc2_buffer(_qwen3_30b(tmp_path, 256), "A3", {})
-    assert check_mc2_buffer(_qwen3_30b(tmp_path, 256), "A3",
-                            {"HCCL_BUFFSIZE": "306"}).megabytes == 306
+        check_mc2_buffer(forced, "A3", {})
+    assert check_mc2_buffer(forced, "A3", {"HCCL_BUFFSIZE": "306"}).megabytes == 306
+    # auto: no refusal (the layers size their buffers for what HCCL_BUFFSIZE holds)
+    assert check_mc2_buffer(_qwen3_30b(tmp_path, 256), "A3", {}).megabytes == 306
     # 64 requests with MTP k = 1: 128 tokens per rank, half the 256-token need -> 153 MB
     need = check_mc2_buffer(_qwen3_30b(tmp_path, 64, spec_tokens=1), "A3", {})
     assert need.nbytes == 2 * (8 * 128 * 16 * 4608 + 9 * 128 * 4096) and need.megabytes == 153
@@ -105,3 +108,40 @@ def test_start_up_refuses_a_small_buffer_for_the_configured_decode_step(tmp_path
     config = _qwen3_30b(tmp_path, 256)
     config.additional_config = {"ascend_ext": {"moe_dispatch": "allgather"}}
     assert check_mc2_buffer(config, "A3", {}) is None
+
+
+def test_the_buffers_shrink_to_what_hccl_buffsize_holds_under_auto():
+    from dataclasses import replace
+
+    from vllm_ascend_ext.moe.hccl_buffer import tokens_that_fit
+    from vllm_ascend_ext.moe.mc2 import declined, with_hccl_limit
+
+    sizes = dict(hidden=2048, top_k=8, experts=128, ep_world=16)
+    # 200 MB: the largest t with 2 * (8*t*16*4608 + 9*t*4096) = 1_253_376 * t <= 200 MiB
+    assert tokens_that_fit("A3", **sizes, upto=512, environ={}) == 167
+    assert 1_253_376 * 167 <= 200 * 2**20 < 1_253_376 * 168
+    assert tokens_that_fit("A3", **sizes, upto=100, environ={}) == 100
+    assert tokens_that_fit("A3", **sizes, upto=512, environ={"HCCL_BUFFSIZE": "1"}) == 0
+    facts = Mc2Facts(setting="auto", family="A3", exchange=True, linear=True,
+                     dtype=torch.bfloat16, hidden=2048, top_k=8, experts=128,
+                     ep_world_size=16, ep_rank=0, capacity=2048, decode_tokens=256)
+    assert buffer_tokens(with_hccl_limit(facts, {})) == 167
+    assert buffer_tokens(with_hccl_limit(facts, {"HCCL_BUFFSIZE": "400"})) == 256
+    off = with_hccl_limit(facts, {"HCCL_BUFFSIZE": "1"})
+    assert any("HCCL_BUFFSIZE" in why for why in declined(off))
+    # "mc2" keeps the decode step's size (start-up refuses a small buffer instead)
+    assert buffer_tokens(with_hccl_limit(replace(facts, setting="mc2"), {})) == 256
+
+
+def test_a_decode_step_is_padded_to_its_graphs_capture_size():
+    from types import SimpleNamespace
+
+    from vllm_ascend_ext.moe.mc2 import decode_tokens
+
+    sched = SimpleNamespace(max_num_seqs=100)
+    assert decode_tokens(sched, None) == 100
+    assert decode_tokens(sched, None, capture_sizes=[1, 2, 4, 8, 96, 104, 112]) == 104
+    assert decode_tokens(sched, None, 2, [1, 2, 4, 8, 96, 104, 112]) == 52
+    spec = SimpleNamespace(num_speculative_tokens=1)
+    assert decode_tokens(sched, spec, capture_sizes=[128, 256]) == 256
+    assert decode_tokens(SimpleNamespace(max_num_seqs=300), None, capture_sizes=[8, 256]) == 300

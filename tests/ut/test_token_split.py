@@ -47,7 +47,7 @@ def _vllm_config(setting: str, hidden: int = 1024, dtype=torch.bfloat16, **par):
         parallel_config=_par(**par),
         model_config=SimpleNamespace(hf_text_config=text, hf_config=text, dtype=dtype),
         scheduler_config=SimpleNamespace(max_num_batched_tokens=256, max_num_seqs=64),
-        speculative_config=None)
+        speculative_config=None, compilation_config=SimpleNamespace(cudagraph_capture_sizes=[]))
 
 
 @pytest.mark.parametrize("setting,refused", [("alltoall", AllToAllRefused), ("mc2", Mc2Refused)])

@@ -201,11 +201,12 @@ class AscendCommunicator(XpuCommunicator):
         group: HCCL's communicator name on an NPU (torch_npu's process group), else a
         name the emulated operators resolve to this group (``ops/moe_distribute``)."""
         if dist.get_backend(self.device_group) == "hccl":
-            # torch_npu names the communicator by this process's rank in the group (the
-            # operators' own examples pass it); the global rank differs in every EP group
-            # but the first
+            # torch_npu's get_hccl_comm_name takes the process's *global* rank ("传入的rankid
+            # 为全局的rankid": it picks the device, rank % devices), not the rank in the
+            # group (vllm-ascend passes the latter, which names another device's
+            # communicator wherever the two differ)
             backend = self.device_group._get_backend(self.device)
-            return backend.get_hccl_comm_name(dist.get_rank(self.device_group))
+            return backend.get_hccl_comm_name(dist.get_rank())
         from vllm_ascend_ext.ops.moe_distribute import register_group
 
         name = f"ascend_ext/{self.unique_name}"

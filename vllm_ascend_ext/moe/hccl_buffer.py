@@ -17,8 +17,10 @@ formulas, in bytes, "/" an integer division:
 with ``Align512(x) = (x + 511) / 512 * 512`` and ``Align32`` alike, ``local`` the experts per
 EP rank, ``max_bs`` the tokens per rank the plan's buffers hold (``moe/mc2.buffer_tokens``)
 and ``shared_expert_num`` 1 (the operators' default, which the plugin keeps). Start-up
-logs the megabytes for the configuration and refuses, naming the variable and the
-number, when ``HCCL_BUFFSIZE`` is smaller (``required_buffer``, ``check_buffer``).
+logs the megabytes for the configuration; with ``moe_dispatch: "mc2"`` it refuses, naming
+the variable and the number, when ``HCCL_BUFFSIZE`` is smaller (``check_buffer``); with
+``auto`` the plan's buffers shrink to what ``HCCL_BUFFSIZE`` holds (``tokens_that_fit``;
+larger steps take the all-gather), with a warning that names the number.
 """
 
 from __future__ import annotations
@@ -75,6 +77,25 @@ def required_buffer(family: str, *, hidden: int, top_k: int, experts: int, ep_wo
         rows = max_bs * ep_world * min(local, top_k) * hidden * 2
         return Mc2Buffer(family, "fullmesh", 2 * (rows + 2 * MB))
     raise ValueError(f"the MC2 operators are documented for A2 and A3, not {family}")
+
+
+def tokens_that_fit(family: str, *, hidden: int, top_k: int, experts: int, ep_world: int,
+                    upto: int, x_bytes: int = 2,
+                    environ: Mapping[str, str] | None = None) -> int:
+    """The most tokens per rank (at most ``upto``) whose buffer ``HCCL_BUFFSIZE`` holds; 0
+    when not even one token's does (the need grows with the tokens: a bisection)."""
+    have, env = configured_mb(environ or {}), environ or {}
+
+    def fits(tokens: int) -> bool:
+        return required_buffer(family, hidden=hidden, top_k=top_k, experts=experts,
+                               ep_world=ep_world, max_bs=tokens, x_bytes=x_bytes,
+                               environ=env).megabytes <= have
+
+    low, high = 0, upto
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
 
 
 def configured_mb(environ: Mapping[str, str]) -> int:

@@ -81,6 +81,7 @@ class Mc2Facts:
     capacity: int              # most tokens of one rank in one step
     replicated: bool = False   # TP ranks hold the same tokens (TP > 1, MoE not seq-parallel)
     decode_tokens: int | None = None  # most tokens of one rank in a decode step (None: capacity)
+    hccl_tokens: int | None = None    # most tokens per rank HCCL_BUFFSIZE holds (None: no limit)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,10 @@ def declined(f: Mc2Facts) -> list[str]:
     if f.dtype not in HALF:
         why.append(f"activations in {str(f.dtype).removeprefix('torch.')}; the operators "
                    "take bfloat16 / float16")
+    if f.hccl_tokens == 0 and f.setting != "mc2":
+        why.append("HCCL_BUFFSIZE holds no MC2 buffer for this layer's sizes "
+                   "(moe/hccl_buffer.py)")
+        return why
     why += outside(f.family, hidden=f.hidden, bs=buffer_tokens(f), top_k=f.top_k,
                    experts=f.experts, ep_world_size=f.ep_world_size)
     return why
@@ -132,14 +137,37 @@ def buffer_tokens(f: Mc2Facts) -> int:
     take another exchange)."""
     tokens = f.capacity if f.decode_tokens is None else min(f.capacity, f.decode_tokens)
     bound = max_tokens(f.family)
-    return tokens if bound is None else min(tokens, bound)
+    tokens = tokens if bound is None else min(tokens, bound)
+    if f.hccl_tokens is not None and f.setting != "mc2":  # "mc2" refuses a small buffer
+        tokens = min(tokens, f.hccl_tokens)
+    return tokens
 
 
-def decode_tokens(scheduler_config, speculative_config, split: int = 1) -> int:
+def decode_tokens(scheduler_config, speculative_config, split: int = 1,
+                  capture_sizes=()) -> int:
     """The most tokens one rank brings to a MoE layer in a decode step: ``max_num_seqs``
-    requests of ``1 + k`` tokens (``k`` speculative tokens), split over ``split`` TP ranks."""
+    requests of ``1 + k`` tokens (``k`` speculative tokens), padded to the decode graph's
+    capture size that holds them (a replayed step brings the padded count), split over
+    ``split`` TP ranks."""
     k = int(getattr(speculative_config, "num_speculative_tokens", 0) or 0)
-    return -(-int(scheduler_config.max_num_seqs) * (1 + k) // max(split, 1))
+    tokens = int(scheduler_config.max_num_seqs) * (1 + k)
+    tokens = min((c for c in capture_sizes if c >= tokens), default=tokens)
+    return -(-tokens // max(split, 1))
+
+
+def with_hccl_limit(f: Mc2Facts, environ) -> Mc2Facts:
+    """``f`` with the most tokens per rank the configured ``HCCL_BUFFSIZE`` holds
+    (``moe/hccl_buffer.py``), where the operators are documented."""
+    from dataclasses import replace
+
+    from vllm_ascend_ext.moe.hccl_buffer import tokens_that_fit
+
+    if max_tokens(f.family) is None or not f.ep_world_size or not f.exchange:
+        return f
+    limit = buffer_tokens(replace(f, hccl_tokens=None))
+    return replace(f, hccl_tokens=tokens_that_fit(
+        f.family, hidden=f.hidden, top_k=f.top_k, experts=f.experts,
+        ep_world=f.ep_world_size, upto=limit, x_bytes=f.dtype.itemsize, environ=environ))
 
 
 def mc2_plan(f: Mc2Facts, group_name) -> Mc2Plan | None:

@@ -27,6 +27,7 @@ parameters, transposed once to the kernels' ``[E, K, N]`` layout.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from vllm.logger import init_logger
@@ -44,6 +45,7 @@ from vllm_ascend_ext.moe.mc2 import (
     decode_tokens,
     mc2_plan,
     routed_experts_mc2,
+    with_hccl_limit,
 )
 from vllm_ascend_ext.moe.routing import RoutingPlan, UnsupportedMoEError, plan_routing
 from vllm_ascend_ext.moe.step_route import ALLGATHER, ALLTOALL, MC2, step_route
@@ -100,7 +102,8 @@ def layer_mc2_facts(layer, shard: ExpertShard, splits: bool = False) -> Mc2Facts
     split = max(getattr(par, "sp_size", 1), 1)
     if splits:
         split = vllm_config.parallel_config.tensor_parallel_size
-    return Mc2Facts(
+    capture = vllm_config.compilation_config.cudagraph_capture_sizes or ()
+    return with_hccl_limit(Mc2Facts(
         setting=get_config(vllm_config).moe_dispatch, family=current_family() or "A2",
         exchange=bool(par.use_all2all_kernels) or splits,
         linear=shard.is_sharded and shard.start == par.ep_rank * shard.local_experts,
@@ -110,7 +113,8 @@ def layer_mc2_facts(layer, shard: ExpertShard, splits: bool = False) -> Mc2Facts
         replicated=vllm_config.parallel_config.tensor_parallel_size > 1
         and not (moe.is_sequence_parallel or splits),
         decode_tokens=decode_tokens(vllm_config.scheduler_config,
-                                    vllm_config.speculative_config, split))
+                                    vllm_config.speculative_config, split, capture)),
+        os.environ)
 
 
 def layer_splits_tokens(layer) -> bool:

@@ -95,7 +95,9 @@ def dispatch_gate_facts(vllm_config, family: str, experts: int):
         capacity=-(-tokens // par.tensor_parallel_size) if sp else tokens,
         replicated=par.tensor_parallel_size > 1 and not sp,
         decode_tokens=decode_tokens(vllm_config.scheduler_config,
-                                    vllm_config.speculative_config, split))
+                                    vllm_config.speculative_config, split,
+                                    vllm_config.compilation_config.cudagraph_capture_sizes
+                                    or ()))
 
 
 def model_experts(model_config) -> int:
@@ -105,10 +107,17 @@ def model_experts(model_config) -> int:
 
 
 def check_mc2_buffer(vllm_config, family: str, environ: Mapping[str, str] = os.environ):
-    """Where the configuration takes MC2: the HCCL buffer its EP group needs
-    (``moe/hccl_buffer.py``), logged, and refused when ``HCCL_BUFFSIZE`` is smaller. Returns
-    the need (None where MC2 does not run)."""
-    from vllm_ascend_ext.moe.hccl_buffer import check_buffer, configured_mb, required_buffer
+    """Where the configuration takes MC2: the HCCL buffer its EP group needs for a decode
+    step (``moe/hccl_buffer.py``), logged; with ``moe_dispatch: "mc2"`` refused when
+    ``HCCL_BUFFSIZE`` is smaller, with ``auto`` a warning: the layers size their buffers
+    for what it holds (``moe/mc2.with_hccl_limit``). Returns the need (None where MC2
+    does not run)."""
+    from vllm_ascend_ext.moe.hccl_buffer import (
+        check_buffer,
+        configured_mb,
+        required_buffer,
+        tokens_that_fit,
+    )
     from vllm_ascend_ext.moe.mc2 import buffer_tokens, declined
 
     model = vllm_config.model_config
@@ -126,9 +135,21 @@ def check_mc2_buffer(vllm_config, family: str, environ: Mapping[str, str] = os.e
             f"hidden {gate.hidden}, top-k {gate.top_k}, buffers for {tokens} tokens per rank: "
             f"max_num_seqs {vllm_config.scheduler_config.max_num_seqs} x (1 + speculative "
             f"tokens), at most the step budget and the SoC's bound")
+    have = configured_mb(environ)
     logger.info("ascend_ext: MC2 (%s) needs HCCL_BUFFSIZE >= %d MB; it is %d MB",
-                what, need.megabytes, configured_mb(environ))
-    check_buffer(need, environ, what)
+                what, need.megabytes, have)
+    if gate.setting == "mc2":
+        check_buffer(need, environ, what)
+    elif have < need.megabytes:
+        fit = tokens_that_fit(family, hidden=gate.hidden, top_k=gate.top_k, experts=experts,
+                              ep_world=gate.ep_world_size, upto=tokens,
+                              x_bytes=gate.dtype.itemsize, environ=environ)
+        logger.warning(
+            "ascend_ext: HCCL_BUFFSIZE is %d MB, MC2 needs %d MB for decode steps of %d tokens "
+            "per rank: %s. Set HCCL_BUFFSIZE=%d for MC2 on every decode step", have,
+            need.megabytes, tokens,
+            f"its buffers hold {fit} tokens per rank, larger steps take the all-gather"
+            if fit else "MC2 is off, every step takes the all-gather", need.megabytes)
     return need
 
 
