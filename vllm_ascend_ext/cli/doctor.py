@@ -135,7 +135,9 @@ def _npu_platform() -> dict:
                    "in [1, 1024] (host copy), vLLM's PyTorch filter elsewhere; never vLLM's "
                    "Triton filter (worker/npu_sampler.py)",
         "mc2_hccl_buffer": "the HCCL_BUFFSIZE each MC2 EP group needs (decode-step buffers: "
-                           "max_num_seqs x (1 + k)) logged at start-up, refused when smaller",
+                           "max_num_seqs x (1 + k)) logged at start-up; too small: "
+                           "moe_dispatch 'mc2' refused, 'auto' sizes the buffers for what "
+                           "it holds",
         "fia_backend": AscendFIABackend.get_name(),
         "moe": {
             "method": f"{AscendFusedMoEMethod.__module__}.{AscendFusedMoEMethod.__qualname__}",

@@ -120,7 +120,9 @@ def _fia_longest_query(call: Call) -> int:
     if call.values.get("input_layout") == "TND":
         ends = [0, *(int(n) for n in (lens or ()))]
         return max((b - a for a, b in zip(ends, ends[1:])), default=0)
-    return 0 if query is None or query.dim() < 3 else int(query.shape[1])
+    if query is None or query.dim() < 3:
+        return 0
+    return int(query.shape[2 if call.values.get("input_layout") == "BNSD" else 1])
 
 
 def _fia_paged_prefill_block_size(call: Call) -> str | None:

@@ -29,7 +29,12 @@ from tests.e2e.nightly.two_node import TwoNodes, throughput_gate
 
 REPO = Path(__file__).resolve().parents[3]
 # Equality of greedy completions: fp32 on the CPU (summation order only); bf16 on an NPU.
-TOL = {"cpu": 1e-4, "npu": 5e-2}
+TOL = {"cpu": 1e-4, "npu": 5e-2,
+       # W8A8 under DP on the CPU: each rank's batch reduces the matmul before a token's
+       # dynamic int8 quantization in another order, so an activation at a rounding
+       # boundary may take the neighbouring int8 step (measured 1.15e-2 on the 2-core
+       # machine; tokens stay identical): the quantization noise the NPU gate allows
+       "cpu_w8a8_dp": 5e-2}
 BENCH = {  # bench serve shape: (input len, output len, prompts, concurrency)
     "dry": (128, 32, 16, 8),
     "tiny": (256, 32, 64, 16),
@@ -255,7 +260,7 @@ class Run:
                        f"{len(got)} prompts over two nodes, finite logprobs: {finite}")
         if self.dry:  # the same tiny model served by one engine in the tiny stage
             one = self.completions.get(("tiny-dsa-w8a8", "auto"))
-            v = (gates.equality(got, one, TOL["cpu"]) if one else
+            v = (gates.equality(got, one, TOL["cpu_w8a8_dp"]) if one else
                  gates.Verdict(False, "the tiny stage served no one-engine tiny-dsa-w8a8"))
             ok &= self.gate(m.name, "default", "equality with one engine", v.ok, v.detail)
         if questions:
