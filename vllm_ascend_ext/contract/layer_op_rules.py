@@ -29,6 +29,7 @@ from vllm_ascend_ext.contract.rules import (
     value_in,
     when,
 )
+from vllm_ascend_ext.ops.top_k_top_p import MAX_K as TOP_K_MAX
 
 F16, BF16, F32, I32, I64 = (torch.float16, torch.bfloat16, torch.float32, torch.int32,
                             torch.int64)
@@ -129,7 +130,7 @@ def _values_within(name: str, low, high: Callable[[Call], float]):
 
 def _k_bound(call: Call) -> int:
     logits = tensor(call, "logits")
-    return 1024 if logits is None else min(1024, logits.shape[-1])
+    return TOP_K_MAX if logits is None else min(TOP_K_MAX, logits.shape[-1])
 
 
 def _rotary_dim_multiple(call: Call) -> str | None:

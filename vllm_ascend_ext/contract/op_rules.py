@@ -126,11 +126,11 @@ def _fia_longest_query(call: Call) -> int:
 
 
 def _fia_paged_prefill_block_size(call: Call) -> str | None:
-    size = call.values.get("block_size")
-    if _fia_longest_query(call) <= 1 or (size and PAGED_PREFILL_BLOCK_ALIGN <= size
-                                         <= MAX_BLOCK_SIZE and size % PAGED_PREFILL_BLOCK_ALIGN == 0):
+    size, longest = call.values.get("block_size"), _fia_longest_query(call)
+    if longest <= 1 or (size and PAGED_PREFILL_BLOCK_ALIGN <= size <= MAX_BLOCK_SIZE
+                        and size % PAGED_PREFILL_BLOCK_ALIGN == 0):
         return None
-    return (f"block_size {size} with a query of {_fia_longest_query(call)} tokens: paged "
+    return (f"block_size {size} with a query of {longest} tokens: paged "
             f"prefill takes multiples of {PAGED_PREFILL_BLOCK_ALIGN} in "
             f"[{PAGED_PREFILL_BLOCK_ALIGN}, {MAX_BLOCK_SIZE}]")
 

@@ -112,13 +112,8 @@ def check_mc2_buffer(vllm_config, family: str, environ: Mapping[str, str] = os.e
     ``HCCL_BUFFSIZE`` is smaller, with ``auto`` a warning: the layers size their buffers
     for what it holds (``moe/mc2.with_hccl_limit``). Returns the need (None where MC2
     does not run)."""
-    from vllm_ascend_ext.moe.hccl_buffer import (
-        check_buffer,
-        configured_mb,
-        required_buffer,
-        tokens_that_fit,
-    )
-    from vllm_ascend_ext.moe.mc2 import buffer_tokens, declined
+    from vllm_ascend_ext.moe.hccl_buffer import check_buffer, configured_mb, required_buffer
+    from vllm_ascend_ext.moe.mc2 import buffer_tokens, declined, with_hccl_limit
 
     model = vllm_config.model_config
     experts = model_experts(model) if model is not None else 0
@@ -141,9 +136,7 @@ def check_mc2_buffer(vllm_config, family: str, environ: Mapping[str, str] = os.e
     if gate.setting == "mc2":
         check_buffer(need, environ, what)
     elif have < need.megabytes:
-        fit = tokens_that_fit(family, hidden=gate.hidden, top_k=gate.top_k, experts=experts,
-                              ep_world=gate.ep_world_size, upto=tokens,
-                              x_bytes=gate.dtype.itemsize, environ=environ)
+        fit = buffer_tokens(with_hccl_limit(gate, environ))   # what the layers will take
         logger.warning(
             "ascend_ext: HCCL_BUFFSIZE is %d MB, MC2 needs %d MB for decode steps of %d tokens "
             "per rank: %s. Set HCCL_BUFFSIZE=%d for MC2 on every decode step", have,

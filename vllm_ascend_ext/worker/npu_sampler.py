@@ -13,8 +13,9 @@ the SoC family lists it (A2, A3; not Ascend 950), and every request's top-k is i
 ``[1, 1024]``, known on the host from the runner's input batch before the step (a request
 without top-k has ``k = vocab``). Elsewhere vLLM's PyTorch filter runs (the same
 threshold semantics, no Triton, no host read). The rejection sampler's filter (vLLM's
-module-level ``apply_top_k_top_p``) is not this one: ``worker/kernel_substitutes.py``
-substitutes the Triton kernel behind it.
+module-level ``apply_top_k_top_p``, speculative decoding) is not this one, and it still
+takes vLLM's Triton kernel where Triton imports: vLLM's kernel-override registry cannot
+take that kernel (its launch passes ``num_warps``, which ``KernelOverride`` refuses).
 """
 
 from __future__ import annotations
