@@ -14,7 +14,9 @@ __version__ = "0.1.0"
 
 PLUGIN_NAME = "ascend_ext"
 NPU_PLATFORM = "vllm_ascend_ext.platform.npu.AscendNPUPlatform"
-EMULATED_PLATFORM = "vllm_ascend_ext.platform.emulated.EmulatedAscendPlatform"
+EMULATED_PLATFORM = "vllm_ascend_ext.emulation.platform.EmulatedAscendPlatform"
+# vLLM's CPU worker on vLLM's CPU platform, for comparison (ASCEND_EXT_EMULATED_WORKER=cpu)
+EMULATED_CPU_PLATFORM = "vllm_ascend_ext.emulation.cpu_platform.EmulatedCpuWorkerPlatform"
 
 # Under vLLM's logger namespace so vLLM prints it.
 _logger = logging.getLogger("vllm.ascend_ext")
@@ -43,11 +45,12 @@ def platform_plugin() -> str | None:
 
     try:
         emulate = envs.emulate_requested()
+        cpu_worker = emulate and envs.emulated_worker() == "cpu"
     except AscendExtError as exc:  # vLLM swallows exceptions here: say it loudly first
         _logger.error("%s", exc)
         raise
     if emulate:
-        chosen = EMULATED_PLATFORM
+        chosen = EMULATED_CPU_PLATFORM if cpu_worker else EMULATED_PLATFORM
     elif npu_present():
         chosen = NPU_PLATFORM
     else:

@@ -102,7 +102,7 @@ if os.environ.get(ROTATE) == "1":          # in the worker processes, imported b
 
 SKIP_GRAPH_COLLECTIVES = "RUN_DP_SKIP_GRAPH_COLLECTIVES"
 if os.environ.get(SKIP_GRAPH_COLLECTIVES) == "1":     # in the workers: the graphs' control
-    from vllm_ascend_ext.worker import cpu_npu_graph as _graphs_mod
+    from vllm_ascend_ext.emulation import cpu_npu_graph as _graphs_mod
 
     if not hasattr(_graphs_mod.CpuGraph.replay, "skipping"):
         _replay_of = _graphs_mod.CpuGraph.replay

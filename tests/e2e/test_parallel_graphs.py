@@ -3,7 +3,7 @@ communicator passes vLLM's graph-capture context, and the collectives of a decod
 (tensor-parallel all-reduces, the DP ranks' MoE token exchange) are captured into the
 graph like any other kernel and replayed on the same buffers, as HCCL's are in an
 aclgraph. The CPU stand-in records each collective as one kernel of the graph
-(``worker/cpu_npu_graph.py``); every replay exchanges what the buffers hold then.
+(``emulation/cpu_npu_graph.py``); every replay exchanges what the buffers hold then.
 
 - TP2 tiny Qwen3 with decode graphs: both ranks capture and replay graphs holding the
   all-reduces, and give one engine's (TP1, eager) tokens, logprobs within fp32 noise.

@@ -21,6 +21,11 @@ from vllm_ascend_ext.models.dsa_mlp import DsaMoE
 
 
 def main(port: int) -> None:
+    # The plugin's registrations (its MoE method among them), as vLLM makes them in an
+    # engine: on the emulated NPU platform vLLM's own unquantized MoE has no kernel.
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
     cfg = AutoConfig.from_pretrained(_tiny_paths()["dsa"]())
     vc = VllmConfig()
     with set_current_vllm_config(vc):

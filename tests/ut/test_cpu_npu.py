@@ -1,4 +1,4 @@
-"""The CPU stand-in of the NPU runtime (worker/cpu_npu.py, worker/cpu_npu_graph.py).
+"""The CPU stand-in of the NPU runtime (emulation/cpu_npu.py, emulation/cpu_npu_graph.py).
 
 Graphs are held to NPU semantics: a replay re-reads the buffers written outside the graph,
 keeps host values frozen at capture, refuses host reads during capture, and changes a
@@ -32,10 +32,10 @@ from tests.ut.test_fia_graph_tasks import (
 )
 from vllm_ascend_ext.attention.fia.graph_tasks import FiaGraphTasks, update_before_replay
 from vllm_ascend_ext.attention.fia.impl import AscendFIAImpl
+from vllm_ascend_ext.emulation import cpu_npu
+from vllm_ascend_ext.emulation.cpu_npu_graph import GraphCaptureError
 from vllm_ascend_ext.ops import fia
 from vllm_ascend_ext.ops.fia_checks import FIAArgumentError
-from vllm_ascend_ext.worker import cpu_npu
-from vllm_ascend_ext.worker.cpu_npu_graph import GraphCaptureError
 from vllm_ascend_ext.worker.npu_warmup import warmup_sizes
 
 
@@ -203,7 +203,7 @@ def _reads_on_host(t):            # a Python reference that reads its input on t
 
 def python_op_body(x):
     """The body of the test's Python custom op: one NPU operator call."""
-    from vllm_ascend_ext.worker.cpu_npu_graph import as_kernel
+    from vllm_ascend_ext.emulation.cpu_npu_graph import as_kernel
 
     return as_kernel(_reads_on_host)(x * 1)
 
@@ -218,8 +218,8 @@ def test_an_npu_operator_is_one_kernel_of_the_graph_and_the_capture_leaves_nothi
     every replay. The recorder re-entered around a Python custom op's body (as for vLLM's
     attention op) leaves no recorder active after the capture (a leak would record every
     later eager operator call into the graph)."""
-    from vllm_ascend_ext.worker import cpu_npu_graph
-    from vllm_ascend_ext.worker.cpu_npu_graph import as_kernel
+    from vllm_ascend_ext.emulation import cpu_npu_graph
+    from vllm_ascend_ext.emulation.cpu_npu_graph import as_kernel
 
     if not _LIB:
         lib = torch.library.Library("vllm", "FRAGMENT")
@@ -303,8 +303,8 @@ def test_a_kernel_replays_in_the_context_of_its_capture(rt):
     ``groups_may_end_early``: this rank's experts cover 3 of x's 4 rows) belongs to the
     captured kernel: a replay outside that declaration runs as the capture did. Without it
     the reference refuses the groups (checked first, eagerly)."""
+    from vllm_ascend_ext.emulation.cpu_npu_graph import as_kernel
     from vllm_ascend_ext.ops.grouped_matmul import grouped_matmul_reference, groups_may_end_early
-    from vllm_ascend_ext.worker.cpu_npu_graph import as_kernel
 
     x = torch.arange(8.0).view(4, 2)
     w = torch.stack([torch.eye(2), 2 * torch.eye(2)])           # [E=2, K=2, N=2]
@@ -327,7 +327,7 @@ def test_vllms_python_ops_in_a_parallel_forward_resolve_to_their_bodies():
     from vllm.model_executor.layers.fused_moe.runner import moe_runner
     from vllm.model_executor.models import utils
 
-    from vllm_ascend_ext.worker.cpu_npu_graph import python_op
+    from vllm_ascend_ext.emulation.cpu_npu_graph import python_op
 
     ops = torch.ops.vllm
     assert python_op(ops.sequence_parallel_chunk_impl.default) is utils.sequence_parallel_chunk_impl

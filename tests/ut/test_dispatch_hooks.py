@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vllm_ascend_ext.emulation import cpu_npu, cpu_npu_graph
+from vllm_ascend_ext.emulation.cpu_npu_graph import GraphCaptureError
 from vllm_ascend_ext.ops import _dispatch, counting
 from vllm_ascend_ext.ops.counting import OpCounter
 from vllm_ascend_ext.ops.norm import npu_rms_norm
-from vllm_ascend_ext.worker import cpu_npu, cpu_npu_graph
-from vllm_ascend_ext.worker.cpu_npu_graph import GraphCaptureError
 
 NAMESPACE = "ascend_ext"           # the plugin's Python-op namespace (the graph recorder's)
 OP = "_test_layer_entry"

@@ -322,7 +322,7 @@ def test_vllms_wrappers_launch_the_registered_substitutes():
     from vllm.triton_utils.dispatcher import _registry
     from vllm.v1.spec_decode import utils as su
 
-    from vllm_ascend_ext.platform.emulated import EmulatedAscendPlatform
+    from vllm_ascend_ext.emulation.platform import EmulatedAscendPlatform
 
     EmulatedAscendPlatform.register_triton_kernel_overrides()
     for name, impl in ds.SUBSTITUTES.items():

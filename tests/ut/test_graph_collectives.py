@@ -1,4 +1,4 @@
-"""Collectives inside a captured graph on the CPU stand-in (worker/cpu_npu_graph.py),
+"""Collectives inside a captured graph on the CPU stand-in (emulation/cpu_npu_graph.py),
 over a real two-rank gloo group and the plugin's communicator: as an HCCL collective
 captured into an aclgraph, a replay re-runs the exchange on the same buffers with what
 they hold at replay, and completes it before the next recorded call reads them. Values
@@ -42,7 +42,7 @@ def _capture_and_replay(rank: int, comm, group, rt, functional: bool) -> dict:
 
 def _worker(rank: int, store: str, queue) -> None:
     from vllm_ascend_ext.distributed.communicator import AscendCommunicator
-    from vllm_ascend_ext.worker import cpu_npu
+    from vllm_ascend_ext.emulation import cpu_npu
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     group = dist.group.WORLD

@@ -104,7 +104,7 @@ def test_slot_mapping_substitute_equals_a_loop(seed, world, inter):
 def test_the_emulated_platform_registers_the_npu_substitute_over_vllms():
     from vllm.triton_utils.dispatcher import _registry
 
-    from vllm_ascend_ext.platform.emulated import EmulatedAscendPlatform
+    from vllm_ascend_ext.emulation.platform import EmulatedAscendPlatform
 
     EmulatedAscendPlatform.register_triton_kernel_overrides()
     EmulatedAscendPlatform.register_triton_kernel_overrides()   # idempotent

@@ -1,4 +1,4 @@
-"""The emulated platform's KV-cache size when the user names none (platform/kv_budget.py)."""
+"""The emulated platform's KV-cache size when the user names none (emulation/kv_budget.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_ascend_ext.platform import kv_budget
+from vllm_ascend_ext.emulation import kv_budget
 
 GiB, MiB = 1 << 30, 1 << 20
 

@@ -29,7 +29,7 @@ def test_platform_flags_tell_vllm_the_truth():
     wrapper = resolve_obj_by_qualname(p.get_static_graph_wrapper_cls())
     assert issubclass(wrapper, CUDAGraphWrapper) and wrapper is AscendNPUGraphWrapper
     assert p.is_sleep_mode_available() is False
-    assert p.support_hybrid_kv_cache() is False
+    assert p.support_hybrid_kv_cache() is True   # GDN models: vLLM's hybrid KV manager
     assert p.supported_dtypes == [torch.bfloat16, torch.float16]
     assert p.dist_backend == "hccl" and p.device_type == "npu"
     assert p.worker_cls_path() == "vllm_ascend_ext.worker.npu_worker.AscendNPUWorker"
@@ -82,25 +82,29 @@ def test_pipeline_parallel_runs_are_eager():
     assert config.compilation_config.cudagraph_capture_sizes == []
 
 
-@pytest.mark.parametrize("dp,tp,ep,compiled", [(1, 1, False, True), (2, 1, False, False),
-                                              (2, 1, True, False), (1, 2, True, False),
-                                              (1, 2, False, True)])
-def test_emulated_token_exchanges_run_uncompiled(monkeypatch, dp, tp, ep, compiled):
-    """vLLM traces a CPU platform's MoE layers, their DP/EP token exchange included: the
-    emulated platform leaves such runs uncompiled, and only those."""
-    from vllm.config import CompilationMode
+def test_the_emulated_platform_is_the_npu_platform_on_a_cpu_device(monkeypatch):
+    """Emulation instantiates the NPU platform (an OOT platform, not vLLM's CPU one), so
+    vLLM's per-platform branches take the NPU's side: e.g. its MoE runner calls the opaque
+    ``moe_forward`` op (the DP/EP token exchange inside it, untraced) where a CPU platform
+    would call the layer inside the compiled model."""
+    from vllm.model_executor.layers.fused_moe.runner import moe_runner
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.platforms.interface import PlatformEnum
 
-    from vllm_ascend_ext.platform.emulated import EmulatedAscendPlatform
+    from vllm_ascend_ext.emulation.platform import EmulatedAscendPlatform
 
-    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "0")
-    comp = SimpleNamespace(mode=CompilationMode.DYNAMO_TRACE_ONCE, backend="inductor",
-                           cudagraph_mode=CUDAGraphMode.NONE)
-    start = SimpleNamespace(npu_engine=True, vllm_config=SimpleNamespace(
-        compilation_config=comp,
-        parallel_config=SimpleNamespace(data_parallel_size=dp, tensor_parallel_size=tp,
-                                        enable_expert_parallel=ep)))
-    EmulatedAscendPlatform._finish(start)
-    assert (comp.mode == CompilationMode.DYNAMO_TRACE_ONCE) == compiled
+    emu = EmulatedAscendPlatform()
+    assert isinstance(emu, AscendNPUPlatform) and not isinstance(emu, CpuPlatform)
+    assert emu._enum == PlatformEnum.OOT and not emu.is_cpu() and emu.is_out_of_tree()
+    # what the device requires, and nothing else
+    assert (emu.device_type, emu.dispatch_key, emu.dist_backend) == ("cpu", "CPU", "gloo")
+    assert emu.get_compile_backend() == AscendNPUPlatform.get_compile_backend() == "eager"
+    assert emu.support_hybrid_kv_cache() and emu.opaque_attention_op()
+    runner = SimpleNamespace(_shared_experts=None)
+    monkeypatch.setattr(moe_runner, "current_platform", emu)
+    assert moe_runner.MoERunner._select_forward(runner) is torch.ops.vllm.moe_forward
+    monkeypatch.setattr(moe_runner, "current_platform", CpuPlatform())   # the control
+    assert moe_runner.MoERunner._select_forward(runner) is not torch.ops.vllm.moe_forward
 
 
 def test_the_engine_runs_the_v1_runner_and_refuses_a_forced_v2(monkeypatch):

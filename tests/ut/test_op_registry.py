@@ -183,8 +183,8 @@ def test_layer_entry_ops_are_declared_by_their_owners_where_they_register_them()
     the op counter and the emulated graph capture find the same body."""
     from vllm_ascend_ext.attention.gdn.layer import gdn_forward_library
     from vllm_ascend_ext.attention.sfa.layer import sfa_forward_library
+    from vllm_ascend_ext.emulation import cpu_npu_graph
     from vllm_ascend_ext.moe.method import moe_library
-    from vllm_ascend_ext.worker import cpu_npu_graph
 
     for register in (sfa_forward_library, gdn_forward_library, moe_library):
         register()

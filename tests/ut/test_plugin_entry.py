@@ -137,7 +137,7 @@ def test_sparse_mla_gets_the_sfa_backend():
 
 
 def test_emulated_soc_comes_from_the_environment(monkeypatch):
-    from vllm_ascend_ext.platform.emulated import EmulatedAscendPlatform
+    from vllm_ascend_ext.emulation.platform import EmulatedAscendPlatform
 
     monkeypatch.delenv("ASCEND_EXT_SOC", raising=False)
     assert EmulatedAscendPlatform.soc().family == "A2"

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from vllm.config import ParallelConfig
 
-from vllm_ascend_ext.platform.emulated import EmulatedAscendPlatform
+from vllm_ascend_ext.emulation.cpu_npu import STAND_IN_DEVICES, visible_device_count
+from vllm_ascend_ext.emulation.platform import EmulatedAscendPlatform, carry_plugin_env_to_ray
 from vllm_ascend_ext.platform.npu import AscendNPUPlatform
 from vllm_ascend_ext.platform.ray_env import with_plugin_env
-from vllm_ascend_ext.worker.cpu_npu import STAND_IN_DEVICES, visible_device_count
 
 
 @pytest.mark.parametrize("platform", [AscendNPUPlatform, EmulatedAscendPlatform])
@@ -52,11 +52,11 @@ def test_emulation_under_ray_carries_the_plugins_environment(monkeypatch):
     monkeypatch.setenv("ASCEND_EXT_SOC", "ascend910b2")
     parallel = ParallelConfig(tensor_parallel_size=2, distributed_executor_backend="ray")
     config = SimpleNamespace(parallel_config=parallel)
-    EmulatedAscendPlatform._carry_plugin_env_to_ray(config)
+    carry_plugin_env_to_ray(config)
     env_vars = dict(parallel.ray_runtime_env)["env_vars"]
     assert env_vars["ASCEND_EXT_EMULATE"] == "1" and env_vars["ASCEND_EXT_SOC"] == "ascend910b2"
     mp = ParallelConfig(tensor_parallel_size=2, distributed_executor_backend="mp")
-    EmulatedAscendPlatform._carry_plugin_env_to_ray(SimpleNamespace(parallel_config=mp))
+    carry_plugin_env_to_ray(SimpleNamespace(parallel_config=mp))
     assert mp.ray_runtime_env is None
 
 

@@ -73,7 +73,7 @@ def test_with_a_connector_every_cache_is_awaited_before_and_saved_after(monkeypa
 
 
 def test_both_platforms_accept_several_cache_layers_per_layer_index():
-    from vllm_ascend_ext.platform.emulated import EmulatedAscendPlatform
+    from vllm_ascend_ext.emulation.platform import EmulatedAscendPlatform
     from vllm_ascend_ext.platform.npu import AscendNPUPlatform
 
     AscendNPUPlatform.check_runner_kv_caches_multi_layer()

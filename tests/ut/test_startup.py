@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm.config import CUDAGraphMode
+from vllm.config import CUDAGraphMode, PassConfig
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
+from vllm_ascend_ext.emulation.platform import EmulatedAscendPlatform
 from vllm_ascend_ext.errors import AscendExtError
 from vllm_ascend_ext.platform import facts, startup
-from vllm_ascend_ext.platform.emulated import EmulatedAscendPlatform
 from vllm_ascend_ext.platform.npu import AscendNPUPlatform
 from vllm_ascend_ext.platform.soc import from_name
 
@@ -31,12 +31,15 @@ TAIL = ["default: exact host lists", "default: layer ops", "preflight", "platfor
 # The whole sequence of one start, for a standard decoder, an SFA and a hybrid model.
 EXPECTED = {
     "tiny_qwen3": HEAD + ["refuse: drafter speculation", "platform: setup",
-                          "default: hybrid prefix caching", "default: graph mode"] + TAIL,
+                          "default: hybrid prefix caching", "default: graph mode",
+                          "default: CUDA fusion passes off"] + TAIL,
     "tiny_dsa": HEAD + ["refuse: SFA block size", "refuse: drafter speculation",
                         "platform: setup", "default: hybrid prefix caching",
-                        "default: graph mode", "default: SFA block size"] + TAIL,
+                        "default: graph mode", "default: CUDA fusion passes off",
+                        "default: SFA block size"] + TAIL,
     "tiny_qwen3_next": HEAD + ["refuse: drafter speculation", "platform: setup",
-                               "default: hybrid prefix caching", "default: graph mode"] + TAIL,
+                               "default: hybrid prefix caching", "default: graph mode",
+                               "default: CUDA fusion passes off"] + TAIL,
 }
 PHASES = ("parse", "refuse", "default", "preflight")
 
@@ -139,7 +142,9 @@ def test_emulated_decode_graphs_keep_vllms_capture_sizes_and_compile_eager(envir
     EmulatedAscendPlatform.check_and_update_config(config)
     comp = config.compilation_config
     assert comp.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
-    assert comp.cudagraph_capture_sizes == [1, 2, 4] and comp.backend == "eager"
+    assert comp.cudagraph_capture_sizes == [1, 2, 4]
+    # the NPU platform's compile backend (vLLM asks the platform when none is configured)
+    assert EmulatedAscendPlatform.get_compile_backend() == "eager"
 
 
 # Engine-free: the policy with a platform side that records, on a config without a model.
@@ -155,7 +160,8 @@ def _bare_config(**parallel):
         cache_config=SimpleNamespace(user_specified_block_size=False, block_size=16),
         compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL,
                                            cudagraph_capture_sizes=[1],
-                                           max_cudagraph_capture_size=1, custom_ops=["all"]))
+                                           max_cudagraph_capture_size=1, custom_ops=["all"],
+                                           pass_config=PassConfig()))
 
 
 def _recording_side(log: list[str], npu_engine: bool = True) -> startup.Side:
@@ -367,25 +373,41 @@ def test_a_hybrid_models_aligned_block_is_a_multiple_of_128(environ, monkeypatch
 
 def test_an_emulated_multi_rank_engine_starts_on_one_numa_node(environ, monkeypatch):
     """vLLM's executor binds a CPU platform's workers one NUMA node each and asserts with
-    fewer nodes than ranks; the emulated NPU engine's workers are left unbound (as an NPU
-    platform's), unless the user chose."""
+    fewer nodes than ranks; the emulated NPU platform is not a CPU platform (vLLM binds
+    none of its workers, as on an NPU), so a TP engine starts on a one-node machine
+    without a hand-set variable."""
     import vllm.utils.cpu_resource_utils as cr_utils
+    import vllm.utils.ompmultiprocessing as omp
     from vllm.config import ModelConfig, ParallelConfig, VllmConfig
-    from vllm.utils.ompmultiprocessing import OMPProcessManager
-
-    def tp2():
-        return VllmConfig(model_config=ModelConfig(model=str(MODELS / "tiny_qwen3"),
-                                                   dtype=torch.float32, skip_tokenizer_init=True),
-                          parallel_config=ParallelConfig(tensor_parallel_size=2))
+    from vllm.platforms.cpu import CpuPlatform
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr(cr_utils, "get_visible_memory_node", lambda: [0])   # one node
-    config = tp2()
+    config = VllmConfig(model_config=ModelConfig(model=str(MODELS / "tiny_qwen3"),
+                                                 dtype=torch.float32, skip_tokenizer_init=True),
+                        parallel_config=ParallelConfig(tensor_parallel_size=2))
     EmulatedAscendPlatform.check_and_update_config(config)
-    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
-    OMPProcessManager(config)                      # the executor's step: no assertion
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"   # the user's choice stays
-    EmulatedAscendPlatform.check_and_update_config(tp2())
-    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    monkeypatch.setattr(omp, "current_platform", EmulatedAscendPlatform())
+    omp.OMPProcessManager(config)                  # the executor's step: no assertion
+    monkeypatch.setattr(omp, "current_platform", CpuPlatform())
     with pytest.raises(AssertionError, match="Not enough allowed NUMA nodes"):
-        OMPProcessManager(config)                  # the control: vLLM's binding
+        omp.OMPProcessManager(config)              # the control: a CPU platform's binding
+
+
+def test_vllms_cuda_fusion_passes_are_off_on_the_npu_platform(environ, monkeypatch):
+    """vLLM imports its fusion passes only on CUDA/ROCm/XPU, and its optimization level
+    turns ``fuse_norm_quant`` on with the rms_norm custom op (the plugin's layer ops):
+    its pass manager then fails at the first compile. The NPU platform turns them off."""
+    from vllm.compilation.passes.pass_manager import PostGradPassManager
+
+    config = _vllm_config("tiny_qwen3")
+    pass_config = config.compilation_config.pass_config
+    pass_config.fuse_norm_quant = True      # what the level's rule gives with +rms_norm
+    with pytest.raises(NameError, match="FusionPass"):   # the control: vLLM as it stands
+        PostGradPassManager().configure(config)
+    AscendNPUPlatform.check_and_update_config(config)
+    assert not any(getattr(pass_config, name) for name in type(pass_config).__dataclass_fields__
+                   if name.startswith("fuse_") or name.endswith("_fusion"))
+    assert pass_config.eliminate_noops      # vLLM's device-neutral passes stay
+    PostGradPassManager().configure(config)

@@ -13,7 +13,7 @@ of the contract nor of the emulated NPU runtime, which install themselves here:
 - contract mode its torch_npu stand-in (``install_stand_in``) when it is enabled
   (``contract/mode.py``);
 - the CPU stand-in of the NPU runtime its graph recorder's kernel wrapper
-  (``install_kernel_wrapper``) when the runtime is brought up (``worker/cpu_npu.py``):
+  (``install_kernel_wrapper``) when the runtime is brought up (``emulation/cpu_npu.py``):
   while an emulated decode graph is captured, one operator call is one recorded kernel
   (``worker/cpu_npu_graph.as_kernel``). Without one, the implementation runs as it is.
 """

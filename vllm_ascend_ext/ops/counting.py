@@ -20,7 +20,7 @@ The plugin's own *layer entry ops* (opaque custom ops wrapping a layer's Python,
 ``ascend_ext.sfa_forward``) are entered rather than counted: what runs inside them is
 counted, and also tallied under the entry's region (attention layers or MoE). Each owner
 declares its entry where it registers the custom op (``layer_entry``), so this module
-names none of them; the emulated graph recorder (``worker/cpu_npu_graph.py``) looks
+names none of them; the emulated graph recorder (``emulation/cpu_npu_graph.py``) looks
 the bodies up here too. Production code knows nothing of this module beyond the
 ``npu_op`` name tag and those declarations; with no counter active the tag costs one
 list check.

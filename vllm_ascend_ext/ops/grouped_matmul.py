@@ -67,7 +67,7 @@ def groups_end_early_allowed() -> bool:
 
 
 # What a captured call of these operators carries into every replay of its graph
-# (worker/cpu_npu_graph.py): the declaration made around it.
+# (emulation/cpu_npu_graph.py): the declaration made around it.
 KERNEL_CONTEXT = (_GROUPS_MAY_END_EARLY,)
 
 

@@ -235,6 +235,22 @@ def layer_ops_switch(vllm_config) -> None:
                           if f"-{name}" not in custom_ops)
 
 
+def cuda_fusion_passes_off(vllm_config) -> list[str]:
+    """vLLM's post-grad fusion passes replace its layers with CUDA/ROCm/XPU kernels, and
+    vLLM imports them only on those platforms: on any other its pass manager fails at the
+    first compile (``NameError: RMSNormQuantFusionPass``) once the optimization level turns
+    one on (``fuse_norm_quant`` follows the ``rms_norm`` custom op, which the plugin's
+    layer ops enable). Every such pass is turned off; the names turned off, in order."""
+    pass_config = vllm_config.compilation_config.pass_config
+    names = [name for name in type(pass_config).__dataclass_fields__
+             if name.startswith("fuse_") or (name.startswith("enable_")
+                                              and name.endswith("_fusion"))]
+    turned_off = [name for name in names if getattr(pass_config, name) is True]
+    for name in turned_off:
+        setattr(pass_config, name, False)
+    return turned_off
+
+
 def exact_host_lists_with_speculation(vllm_config) -> None:
     """Under async scheduling with speculation vLLM's ``seq_lens_cpu_upper_bound`` is only
     a bound, and FIA's host lists must be exact: async scheduling goes off (vLLM's CPU

@@ -179,9 +179,10 @@ class AscendNPUPlatform(Platform):
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
-        # Hybrid models (linear attention beside full attention) await the plugin's
-        # Gated-DeltaNet layers: one KV-cache group kind at a time.
-        return False
+        # vLLM's hybrid KV-cache manager: the Gated-DeltaNet models (Qwen3-Next, Qwen3.5)
+        # keep their recurrent state beside the attention layers' paged cache; without it
+        # vLLM cannot unify their cache specs and refuses them.
+        return True
 
     @classmethod
     def check_runner_kv_caches_multi_layer(cls) -> None:

@@ -16,7 +16,8 @@ side.refuse           the platform's own refusals (NPU: dual-batch overlap, Mode
 refuse                an SFA model's block size (the user's), drafter speculation (NPU engine)
 side.setup            the platform's own set-up (NPU: spawn, worker, block size; emulated:
                       worker, KV-cache size, vLLM's CPU platform)
-default               hybrid prefix caching, graph mode (NPU engine), SFA block size,
+default               hybrid prefix caching, graph mode and vLLM's CUDA fusion passes off
+                      (NPU engine), SFA block size,
                       exact host lists under speculation, layer ops (vLLM's custom_ops)
 preflight             the model's attention against the backend
 side.finish           the platform's own last words (emulated: compile backend and cache)
@@ -103,6 +104,7 @@ def run(vllm_config, side: Side, *, on_step: Callable[[str], None] | None = None
     step("default: hybrid prefix caching", _hybrid_prefix_caching, vllm_config, facts)
     if npu_engine:
         step("default: graph mode", _graph_mode, vllm_config, facts)
+        step("default: CUDA fusion passes off", _fusion_passes_off, vllm_config)
     if facts.sparse_mla:
         step("default: SFA block size", hooks.sfa_block_size, cache)
     step("default: exact host lists", hooks.exact_host_lists_with_speculation, vllm_config)
@@ -117,6 +119,13 @@ def _hybrid_prefix_caching(vllm_config, facts: ModelFacts) -> None:
     why = hooks.hybrid_prefix_caching_off(vllm_config, facts)
     if why:
         logger.warning("ascend_ext: %s", why)
+
+
+def _fusion_passes_off(vllm_config) -> None:
+    names = hooks.cuda_fusion_passes_off(vllm_config)
+    if names:
+        logger.info("ascend_ext: vLLM's fusion passes %s off (their kernels are CUDA/ROCm/XPU "
+                    "ones)", ", ".join(names))
 
 
 def _graph_mode(vllm_config, facts: ModelFacts) -> None:

@@ -23,21 +23,47 @@ import contextlib
 import functools
 import importlib
 import types
+from collections.abc import Callable, Mapping
 
 import torch
 
 # The device runtime this process's worker brought up (torch.npu, or the emulated
 # platform's CPU stand-in); None in a process that runs no NPU worker.
 _RUNTIME: list = [None]
+# The kernels that runtime offers the layers by name (``FIA_OUT``, ``FIA_WORKSPACE``):
+# the one registry through which the attention code reaches the device it runs on,
+# filled by whoever brought the runtime up (the NPU worker: torch_npu's; the emulation
+# package: its references). The attention code never asks which runtime it is.
+_KERNELS: dict[str, Callable] = {}
+
+# FIA as a graph task: the operator writing into given outputs, and its workspace query.
+FIA_OUT = "fia_out"
+FIA_WORKSPACE = "fia_workspace"
 
 
-def set_runtime(module: types.ModuleType | None) -> None:
+def set_runtime(module: types.ModuleType | None,
+                kernels: Mapping[str, Callable] | None = None) -> None:
+    """This process's device runtime and the kernels it offers by name."""
     _RUNTIME[0] = module
+    _KERNELS.clear()
+    _KERNELS.update(kernels or {})
 
 
 def current_runtime() -> types.ModuleType | None:
     """The device runtime of this process's NPU worker (None without one)."""
     return _RUNTIME[0]
+
+
+def runtime_kernel(name: str) -> Callable | None:
+    """The kernel ``name`` the current runtime registered (None: none, or no runtime)."""
+    return _KERNELS.get(name) if _RUNTIME[0] is not None else None
+
+
+def torch_npu_kernels() -> dict[str, Callable]:
+    """torch_npu's kernels of the registry (NPU hosts only)."""
+    torch_npu = importlib.import_module("torch_npu")
+    return {FIA_OUT: torch_npu.npu_fused_infer_attention_score.out,
+            FIA_WORKSPACE: torch_npu._npu_fused_infer_attention_score_get_max_workspace}
 
 
 # torch.cuda name -> the device module's name for the same thing (torch.npu).

@@ -25,6 +25,7 @@ against vLLM's and torch_npu's sources there (``tests/ut/test_npu_worker*.py``).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import types
 
@@ -105,7 +106,7 @@ class AscendNPUWorker(Worker):
         self.device = self.device_for(index)
         dev.set_device(self.device)
         npu_device.route_cuda_streams(dev)
-        npu_device.set_runtime(dev)
+        npu_device.set_runtime(dev, self.runtime_kernels())
         self.provide_weak_ref_tensor()
         current_platform.check_if_supports_dtype(self.model_config.dtype)
         # Process groups first, so HCCL's buffers are in the snapshot the KV budget uses.
@@ -125,6 +126,10 @@ class AscendNPUWorker(Worker):
         logger.debug("NPU worker memory snapshot %r, requested %s GiB",
                      self.init_snapshot, format_gib(self.requested_memory))
         self._init_workspace_and_model_runner()
+
+    def runtime_kernels(self) -> dict:
+        """What the device runtime offers the layers by name (``npu_device``'s registry)."""
+        return npu_device.torch_npu_kernels()
 
     def device_for(self, index: int) -> torch.device:
         """The torch device of visible device ``index``."""
@@ -151,6 +156,13 @@ class AscendNPUWorker(Worker):
         from vllm_ascend_ext.worker.npu_warmup import compile_or_warm_up
 
         return compile_or_warm_up(self)
+
+    def _maybe_get_memory_pool_context(self, tag: str) -> contextlib.AbstractContextManager:
+        # vLLM's GPU worker puts weights and KV cache in its sleep-mode allocator's pool
+        # on every platform but CUDA (without cumem), XPU and the CPU, and raises for any
+        # other: the NPU platform offers no sleep mode (vLLM refuses --enable-sleep-mode),
+        # so both are allocated plainly.
+        return contextlib.nullcontext()
 
     def sleep(self, level: int = 1) -> None:
         raise AscendExtError(

@@ -131,30 +131,23 @@ def _check_lists(host_lists: dict[str, Sequence[int]]) -> None:
 
 
 def for_device(vllm_config, device) -> FiaGraphTasks | None:
-    """The builder's graph tasks where decode graphs are captured: on an NPU (torch.npu,
-    torch_npu's ``.out`` and workspace) and on the emulated platform's CPU stand-in of the
-    NPU runtime (the stand-in, the operator's references); else None (eager steps call
-    FIA directly)."""
+    """The builder's graph tasks where decode graphs are captured: FIA's ``.out`` form and
+    workspace query as this process's device runtime registered them
+    (``worker/npu_device.py``: torch_npu's on an NPU, the references on the emulated
+    platform's stand-in); else None (eager steps call FIA directly)."""
     if device is None or vllm_config is None:
         return None
     mode = vllm_config.compilation_config.cudagraph_mode
     if mode is None or not mode.has_full_cudagraphs():
         return None
-    if torch.device(device).type == "npu":
-        import importlib
-
-        torch_npu = importlib.import_module("torch_npu")
-        return FiaGraphTasks(torch.npu, torch_npu.npu_fused_infer_attention_score.out,
-                             torch_npu._npu_fused_infer_attention_score_get_max_workspace)
-    from vllm_ascend_ext.worker import cpu_npu, npu_device
+    from vllm_ascend_ext.worker import npu_device
 
     runtime = npu_device.current_runtime()
-    if runtime is None or not cpu_npu.is_stand_in(runtime):
+    out = npu_device.runtime_kernel(npu_device.FIA_OUT)
+    workspace = npu_device.runtime_kernel(npu_device.FIA_WORKSPACE)
+    if runtime is None or out is None or workspace is None:
         return None
-    from vllm_ascend_ext.ops import fia
-
-    return FiaGraphTasks(runtime, fia.npu_fused_infer_attention_score_out,
-                         fia.fia_max_workspace)
+    return FiaGraphTasks(runtime, out, workspace)
 
 
 def fia_call(tasks: FiaGraphTasks | None, args: tuple, kwargs: dict,

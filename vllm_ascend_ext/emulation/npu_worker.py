@@ -1,5 +1,5 @@
 """The emulated platform's engine path: the plugin's NPU worker and NPU model runner on the
-CPU stand-in of the NPU device runtime (``worker/cpu_npu.py``).
+CPU stand-in of the NPU device runtime (``emulation/cpu_npu.py``).
 
 These are the classes an Atlas host runs (``AscendNPUWorker`` and ``AscendNPUModelRunner``,
 vLLM's GPU worker and V1 GPU runner underneath); the subclasses change only what a CPU
@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 from vllm.logger import init_logger
 
-from vllm_ascend_ext.worker import cpu_npu, npu_device
+from vllm_ascend_ext.emulation import cpu_npu
+from vllm_ascend_ext.worker import npu_device
 from vllm_ascend_ext.worker.npu_model_runner import AscendNPUModelRunner
 from vllm_ascend_ext.worker.npu_worker import AscendNPUWorker
 
@@ -60,6 +61,26 @@ class EmulatedNPUWorker(AscendNPUWorker):
     """The NPU worker on the CPU stand-in (see module docstring)."""
 
     device_module_factory = staticmethod(stand_in_runtime)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # The stand-in device computes on the host's threads: as many as vLLM gave this
+        # worker to start with (its share of the host's CPUs).
+        self.device_threads = torch.get_num_threads()
+
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        # vLLM's GPU worker drops the host to one thread for serving (on a device the host
+        # only schedules); on the stand-in those threads are the device's compute.
+        if torch.get_num_threads() != self.device_threads:
+            torch.set_num_threads(self.device_threads)
+
+    def runtime_kernels(self) -> dict:
+        # the references of torch_npu's FIA graph-task kernels
+        from vllm_ascend_ext.ops import fia
+
+        return {npu_device.FIA_OUT: fia.npu_fused_infer_attention_score_out,
+                npu_device.FIA_WORKSPACE: fia.fia_max_workspace}
 
     def device_for(self, index: int) -> torch.device:
         return torch.device("cpu")

@@ -71,6 +71,21 @@ def user_chose_size(cache_config) -> bool:
     return cache_config.gpu_memory_utilization != default
 
 
+def from_env(cache_config, environ=os.environ) -> bool:
+    """vLLM's CPU variable for the KV-cache size (``VLLM_CPU_KVCACHE_SPACE``, GiB), which the
+    emulated platform reads as vLLM's CPU platform does: True when it set the size."""
+    raw = environ.get(ENV_VAR, "")
+    if raw == "" or cache_config.kv_cache_memory_bytes is not None:
+        return False
+    try:
+        cache_config.kv_cache_memory_bytes = int(raw) * GiB
+    except ValueError:
+        from vllm_ascend_ext.errors import AscendExtError
+
+        raise AscendExtError(f"{ENV_VAR}={raw!r}: expected a whole number of GiB") from None
+    return True
+
+
 def apply(vllm_config, available_bytes: int) -> KvBudget | None:
     """Set ``kv_cache_memory_bytes`` unless the user chose a size; the budget, or None."""
     cache = vllm_config.cache_config

@@ -1,4 +1,4 @@
-"""Graphs with NPU semantics on the CPU stand-in device (``worker/cpu_npu.py``).
+"""Graphs with NPU semantics on the CPU stand-in device (``emulation/cpu_npu.py``).
 
 An aclgraph (like a CUDA graph) records the kernels a capture launches, on the buffers
 they read and write, and replays them; host values (Python ints and lists passed to an
@@ -102,7 +102,7 @@ def python_op(func):
     if body is None:
         raise GraphCaptureError(
             f"{name}: a Python custom op the CPU stand-in cannot capture through (vLLM's: "
-            "add it to worker/cpu_npu_graph.py PYTHON_OPS; the plugin's: declare it with "
+            "add it to emulation/cpu_npu_graph.py PYTHON_OPS; the plugin's: declare it with "
             "ops/counting.layer_entry where it is registered)")
     return body
 

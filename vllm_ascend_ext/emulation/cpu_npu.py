@@ -8,7 +8,7 @@ else of the NPU path changes. What it models:
 * **streams and events**: synchronous (every operator has finished when it returns), so
   waits, records and synchronizes are orderings that already hold; the current stream
   is tracked as on a device.
-* **graphs with NPU semantics**: ``NPUGraph`` is ``CpuGraph`` (``worker/cpu_npu_graph.py``):
+* **graphs with NPU semantics**: ``NPUGraph`` is ``CpuGraph`` (``emulation/cpu_npu_graph.py``):
   capture records the dispatched operator calls on their buffers, replay re-issues
   them with host values frozen at capture, and the graph-task API
   (``graph_task_group_begin/end``, ``graph_task_update_begin/end``) updates one task.
@@ -16,7 +16,7 @@ else of the NPU path changes. What it models:
   (empty then, as a fresh NPU is); "allocated/reserved" is the process's resident growth
   since then, free the rest, the peak the largest value seen since the last reset. It feeds the
   worker's memory snapshot and ``torch.accelerator``'s statistics; the emulated KV
-  budget itself is chosen before the engine starts (``platform/kv_budget.py``).
+  budget itself is chosen before the engine starts (``emulation/kv_budget.py``).
 
 ``install`` points ``torch.accelerator``'s device functions and ``torch.Event`` (which the
 GPU runner uses directly, and which a CPU build cannot record) at the stand-in, in the
@@ -32,9 +32,9 @@ import types
 import psutil
 import torch
 
+from vllm_ascend_ext.emulation import cpu_npu_graph
+from vllm_ascend_ext.emulation.cpu_npu_graph import CpuGraph, GraphCaptureError
 from vllm_ascend_ext.platform.npu import AscendNPUPlatform
-from vllm_ascend_ext.worker import cpu_npu_graph
-from vllm_ascend_ext.worker.cpu_npu_graph import CpuGraph, GraphCaptureError
 
 NAME = "cpu-npu-stand-in"
 # Devices the stand-in reports: an Atlas 800 A2 node's eight NPUs, so the ranks of one
@@ -227,6 +227,7 @@ def make_runtime() -> types.ModuleType:
     rt.set_device = lambda device: None
     rt.synchronize = lambda device=None: None
     rt.empty_cache = lambda: None
+    rt.empty_host_cache = lambda: None
     rt.is_available = lambda: True
     rt.get_device_name = lambda device=None: "Ascend stand-in (CPU)"
     rt.current_stream = lambda device=None: state["stream"]
@@ -313,6 +314,7 @@ def is_stand_in(module) -> bool:
 ACCELERATOR = {
     "synchronize": "synchronize",
     "empty_cache": "empty_cache",
+    "empty_host_cache": "empty_host_cache",
     "device_count": "device_count",
     "current_device_index": "current_device",
     "set_device_index": "set_device",
