@@ -16,6 +16,9 @@ def test_reports_the_npu_platform_facts_and_is_healthy_for_emulation(monkeypatch
     data = json.loads(capsys.readouterr().out)
     assert data["healthy"] and data["problems"] == []
     assert data["host"]["mode"].startswith("emulation")
+    emulated = data["emulated_platform"]
+    assert emulated["class"].endswith("EmulatedAscendPlatform") and emulated["is_npu_platform"]
+    assert "device_type" in emulated["exceptions"] and "block_size" not in emulated["exceptions"]
     platform = data["npu_platform"]
     assert platform["opaque_attention"] is True and platform["distributed_backend"] == "hccl"
     assert platform["moe"]["method"] == "vllm_ascend_ext.moe.method.AscendFusedMoEMethod"

@@ -401,4 +401,34 @@ def test_graph_tasks_exist_only_on_an_npu_with_full_graphs():
         cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY))
     assert graph_tasks.for_device(config, torch.device("cpu")) is None
     assert graph_tasks.for_device(None, "cpu") is None
+
+
+def test_graph_tasks_take_the_kernels_the_device_runtime_registered():
+    """The attention code reaches the device through the runtime's registry
+    (worker/npu_device.py): the kernels registered are the ones the tasks call; a runtime
+    that registered none gets no tasks (FIA eager)."""
+    from types import SimpleNamespace
+
+    from vllm_ascend_ext.worker import npu_device
+
+    config = SimpleNamespace(compilation_config=SimpleNamespace(
+        cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY))
+    runtime = SimpleNamespace(name="a device runtime")
+
+    def out(*args, **kwargs):
+        return None
+
+    def workspace(*args, **kwargs):
+        return None
+
+    try:
+        npu_device.set_runtime(runtime, {npu_device.FIA_OUT: out,
+                                         npu_device.FIA_WORKSPACE: workspace})
+        tasks = graph_tasks.for_device(config, "cpu")
+        assert tasks is not None and tasks.device is runtime
+        assert (tasks.fia_out, tasks.fia_workspace) == (out, workspace)
+        npu_device.set_runtime(runtime)                 # the control: nothing registered
+        assert graph_tasks.for_device(config, "cpu") is None
+    finally:
+        npu_device.set_runtime(None)
     assert _builder().buffers is None            # eager builders keep fresh tensors

@@ -189,3 +189,27 @@ def test_side_by_side_with_vllm_ascend():
             assert name not in members, name
         elif answer.startswith("device module"):
             assert name not in members, name
+
+
+def test_the_emulated_platform_overrides_only_its_named_exceptions():
+    """Emulation runs the NPU platform: its class is an ``AscendNPUPlatform`` whose own
+    members are exactly the named exceptions (the device, the chip, the start-up side),
+    each with its reason; every other answer vLLM gets is the NPU platform's."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    from vllm_ascend_ext.emulation.platform import EXCEPTIONS, EmulatedAscendPlatform
+
+    assert issubclass(EmulatedAscendPlatform, AscendNPUPlatform)
+    assert not issubclass(EmulatedAscendPlatform, CpuPlatform)
+    own = {name for name in vars(EmulatedAscendPlatform)
+           if not (name.startswith("__") and name.endswith("__"))}
+    assert own == set(EXCEPTIONS), (sorted(own - set(EXCEPTIONS)),
+                                    sorted(set(EXCEPTIONS) - own))
+    assert all(why.strip() for why in EXCEPTIONS.values())
+    # each member vLLM calls that the emulated platform changes is one the NPU platform
+    # answers itself, a device attribute, or import_kernels, which extends vLLM's base
+    # default (calls it) with the host allocator tuning: no base default silently replaced
+    called = {n for n in own if not n.startswith("_")} & _members()
+    npu_own = set(vars(AscendNPUPlatform))
+    assert called <= npu_own | {"device_name", "device_type", "dispatch_key",
+                                "dist_backend", "import_kernels"}, sorted(called - npu_own)

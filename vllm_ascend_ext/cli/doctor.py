@@ -248,6 +248,22 @@ def _tiny_models() -> dict:
             for name, path in where.items()}
 
 
+def _emulated_platform() -> dict:
+    """What emulation runs: the NPU platform's subclass vLLM resolves from the entry
+    point, and the members it answers differently (the named exceptions)."""
+    import importlib
+
+    from vllm_ascend_ext import EMULATED_PLATFORM
+    from vllm_ascend_ext.platform.npu import AscendNPUPlatform
+
+    module_name, class_name = EMULATED_PLATFORM.rsplit(".", 1)
+    module = importlib.import_module(module_name)
+    cls = getattr(module, class_name)
+    return {"class": EMULATED_PLATFORM,
+            "is_npu_platform": issubclass(cls, AscendNPUPlatform),
+            "exceptions": dict(module.EXCEPTIONS)}
+
+
 def report(smoke: bool = False) -> tuple[dict, list[str]]:
     import torch
 
@@ -294,6 +310,7 @@ def report(smoke: bool = False) -> tuple[dict, list[str]]:
         "extension": _extension(),
         "operators": _operators(),
         "npu_platform": _npu_platform(),
+        "emulated_platform": _emulated_platform() if envs.emulate_requested() else None,
         "contract_oracle": _oracle(),
         "operator_smoke": _smoke(smoke, problems),
         "tiny_models": _tiny_models(),

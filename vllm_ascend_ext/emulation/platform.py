@@ -44,6 +44,37 @@ PLATFORM_NAME = "ascend_ext-emulated"
 WORKER_CLS = "vllm_ascend_ext.emulation.npu_worker.EmulatedNPUWorker"
 STAND_IN_DEVICE = "Ascend stand-in (CPU)"
 
+# Every member the emulated platform answers differently from the NPU platform, and why:
+# the named exceptions (tests/ut/test_platform_conformance.py holds the class to this
+# table; ``doctor`` prints it under emulation). Everything else is the NPU platform's.
+EXCEPTIONS = {
+    "device_name": "the torch device is the CPU",
+    "device_type": "the torch device is the CPU",
+    "dispatch_key": "the torch device is the CPU",
+    "dist_backend": "gloo: the ranks' collectives run between CPU processes (HCCL on an NPU)",
+    "soc": "the chip is ASCEND_EXT_SOC (no npu-smi)",
+    "check_stack": "no torch_npu or CANN to check: the references stand in for both",
+    "get_device_name": "the stand-in's name",
+    "get_device_total_memory": "the host's memory",
+    "num_compute_units": "the host's cores (an NPU: its vector cores)",
+    "set_device": "one CPU device",
+    "manual_seed_all": "torch.manual_seed seeds the CPU generator",
+    "is_pin_memory_available": "a CPU build of torch has no pinned memory",
+    "supported_dtypes": "float32 besides bfloat16 / float16: the references compute it "
+                        "(exact comparisons)",
+    "check_if_supports_dtype": "float32 accepted (contract mode requires an NPU dtype)",
+    "get_current_memory_usage": "the stand-in runtime's memory model",
+    "current_stream": "the stand-in runtime's stream",
+    "graph_pool_handle": "the stand-in runtime's graph pool",
+    "import_kernels": "plus the host allocator tuning for the references' temporaries",
+    "get_attn_backend_cls": "the same selection, named ascend_ext-emulated in messages",
+    "check_and_update_config": "the same start-up policy, with emulation's side",
+    "_check": "the emulated chip and contract mode instead of the NPU stack",
+    "_setup": "the emulated NPU worker, the KV-cache size for a shared host, Ray's "
+              "environment for the plugin",
+    "_finish": "vLLM's compile cache that loads on the CPU",
+}
+
 
 def check_emulation(vllm_config) -> soc_table.Soc:
     """The chip to emulate and contract mode, each from the environment: a bad value

@@ -1,1 +1,1 @@
-"""Platform classes: ``npu.AscendNPUPlatform`` and ``emulated.EmulatedAscendPlatform``."""
+"""Platform classes: ``npu.AscendNPUPlatform`` (emulation subclasses it: ``vllm_ascend_ext.emulation``)."""
