@@ -246,6 +246,49 @@ def test_a_replayed_decode_graph_computes_the_replayed_steps_attention(standin):
     assert tasks._stream.waited_on == ["main"]
 
 
+def test_a_graphs_tasks_write_into_the_layer_outputs_and_share_one_workspace(standin,
+                                                                            monkeypatch):
+    """No per-task output buffer: each FIA task of a captured graph writes into its layer's
+    output (which the graph holds anyway) and the graph's tasks share one workspace, so
+    the layer's output holds the replayed step's attention with no copy after it."""
+    weak: set[int] = set()     # the tensors the tasks keep only weakly (vLLM's weak_ref)
+    monkeypatch.setattr(graph_tasks, "weak_ref",
+                        lambda t: weak.add(id(alias := t.view(t.shape))) or alias)
+    tasks = FiaGraphTasks(standin, standin.fia_out, standin.fia_workspace)
+    builder = _builder(tasks)
+    kv_cache = torch.zeros(NB, NKV, BS, 2 * D)
+    q, k, v, _ = _step(CAPTURED, TABLE_A, kv_cache, seed=0)
+    md = builder.build(0, _cam(CAPTURED, TABLE_A))
+    layers = [AscendFIAImpl(NQ, D, D**-0.5, NKV) for _ in range(3)]
+    outputs = [torch.zeros_like(q) for _ in layers]
+    strided = torch.zeros(q.shape[1], q.shape[0]).t()    # the control: not contiguous
+    standin.capturing = True
+    with set_forward_context({"layer.0": md}, _wrapper_config(),
+                             cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=KEY):
+        for layer, out in zip(layers, outputs):
+            layer.forward(None, q, k, v, kv_cache, md, out)
+        layers[0].forward(None, q, k, v, kv_cache, md, strided)
+    standin.capturing = False
+    captured = tasks.tasks[KEY]
+    assert len(captured) == 4
+    for task, out in zip(captured, outputs):
+        assert task.kwargs["out"][0].data_ptr() == out.data_ptr()
+    assert captured[3].kwargs["out"][0].data_ptr() != strided.data_ptr()  # a buffer of its own
+    assert len({id(task.kwargs["workspace"]) for task in captured}) == 1
+    assert list(tasks.workspaces) == [KEY]
+    for task in captured:   # no tensor of the graph kept alive by a task but its workspace
+        assert {id(a) for a in task.args} | {id(task.kwargs["out"][0])} <= weak
+    md, expected = _next_step(builder, (q, k, v), kv_cache)
+    update_before_replay({"layer.0": md}, KEY)
+    for out in outputs:
+        out.zero_()
+    standin.replay()
+    for out in outputs:
+        torch.testing.assert_close(out.view(len(NEXT), -1, D), expected, atol=1e-5, rtol=1e-5)
+    tasks.clear()
+    assert not tasks.workspaces
+
+
 def test_without_persistent_buffers_a_replay_reads_the_captured_steps_blocks(standin):
     """Negative control: step B's block table and slots in new tensors (what a builder
     without decode graphs makes) leave the graph reading the capture step's."""

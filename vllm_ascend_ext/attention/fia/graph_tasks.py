@@ -55,22 +55,31 @@ class FiaGraphTasks:
     fia_out: Callable[..., Any]                  # npu_fused_infer_attention_score.out
     fia_workspace: Callable[..., torch.Tensor]   # ..._get_max_workspace
     tasks: dict[Hashable, list[FiaTask]] = field(default_factory=dict)
+    # One workspace per captured graph, shared by its FIA tasks (they run one after
+    # another on the graph's stream), and the lse placeholder with it.
+    workspaces: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     _stream: Any = None
 
     def capturing(self) -> bool:
         return bool(self.device.is_current_stream_capturing())
 
     def capture(self, key: Hashable, args: tuple, kwargs: dict,
-                host_lists: dict[str, Sequence[int]]) -> torch.Tensor:
+                host_lists: dict[str, Sequence[int]],
+                out: torch.Tensor | None = None) -> torch.Tensor:
         """Issue one FIA call as an updatable task of the graph being captured under
-        ``key``; returns its attention output (a buffer the graph owns)."""
+        ``key``; returns its attention output: ``out`` (the layer's output, which the
+        graph owns already) when given, else a buffer of the graph's own. The graph's
+        tasks share one workspace."""
         _check_lists(host_lists)
         query = args[0]
         stream = self.device.current_stream()
-        workspace = self.fia_workspace(*args, **kwargs, **host_lists)
-        attn = torch.empty_like(query)
-        lse = query.new_empty(1)  # softmax_lse_flag=False: a placeholder
-        call = dict(kwargs, workspace=workspace, out=[attn, lse])
+        workspace, lse = self._workspace(key, args, kwargs, host_lists)
+        attn = torch.empty_like(query) if out is None else out
+        # The task keeps weak references to the graph's tensors, as vLLM's capture keeps
+        # its outputs: the graph pool may reuse their memory after their last use in the
+        # graph (a replay reproduces every address). The shared workspace stays owned.
+        args = tuple(weak_ref(a) for a in args)
+        call = dict(kwargs, workspace=workspace, out=[weak_ref(attn), lse])
         event = self.device.ExternalEvent()
         event.wait(stream)
         event.reset(stream)
@@ -80,6 +89,17 @@ class FiaGraphTasks:
         self.tasks.setdefault(key, []).append(
             FiaTask(handle, event, args, call, len(host_lists["actual_seq_lengths"])))
         return attn
+
+    def _workspace(self, key: Hashable, args: tuple, kwargs: dict,
+                   host_lists: dict[str, Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Graph ``key``'s shared workspace (grown when a task needs more: the tasks
+        captured before keep the one they were given) and lse placeholder."""
+        needed = self.fia_workspace(*args, **kwargs, **host_lists)
+        shared = self.workspaces.get(key)
+        if shared is None or shared[0].numel() < needed.numel():
+            # softmax_lse_flag=False: the lse output is a placeholder
+            shared = self.workspaces[key] = (needed, args[0].new_empty(1))
+        return shared
 
     def check(self, key: Hashable, host_lists: dict[str, Sequence[int]]) -> list[FiaTask]:
         """The tasks of graph ``key``, after checking this step's lists fit them."""
@@ -118,6 +138,16 @@ class FiaGraphTasks:
 
     def clear(self) -> None:
         self.tasks.clear()
+        self.workspaces.clear()
+
+
+def weak_ref(tensor):
+    """A tensor on the same memory that does not keep it allocated (vLLM's
+    ``_C.weak_ref_tensor``, torch_npu's on an NPU; on the CPU stand-in an alias, since a
+    CPU tensor cannot be weakly referenced); the tensor itself where none is defined."""
+    if not isinstance(tensor, torch.Tensor) or not hasattr(torch.ops._C, "weak_ref_tensor"):
+        return tensor
+    return torch.ops._C.weak_ref_tensor(tensor)
 
 
 def _check_lists(host_lists: dict[str, Sequence[int]]) -> None:
@@ -151,12 +181,16 @@ def for_device(vllm_config, device) -> FiaGraphTasks | None:
 
 
 def fia_call(tasks: FiaGraphTasks | None, args: tuple, kwargs: dict,
-             host_lists: dict[str, Sequence[int]], default_key: Hashable) -> torch.Tensor:
+             host_lists: dict[str, Sequence[int]], default_key: Hashable,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """One FIA call of a layer's forward; returns its attention output. While a decode
     graph is being captured it becomes an updatable task of that graph (keyed by
-    ``graph_key(default_key)``); otherwise FIA runs with these host lists."""
+    ``graph_key(default_key)``) writing into ``out`` (the layer's output rows, when
+    contiguous); otherwise FIA runs with these host lists."""
     if tasks is not None and tasks.capturing():
-        return tasks.capture(graph_key(default_key), args, kwargs, host_lists)
+        if out is not None and not out.is_contiguous():
+            out = None
+        return tasks.capture(graph_key(default_key), args, kwargs, host_lists, out)
     attn, _ = npu_fused_infer_attention_score(*args, **kwargs, **host_lists)
     return attn
 

@@ -95,12 +95,14 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
             query = query.contiguous()
         for span in md.spans:
             with trace_range(f"ascend_ext.fia_mixed.{span.name}", query.device):
-                attn = self._fia(query, key_cache, value_cache, md, span)
-                output[span.rows].view(-1, self.num_heads, self.head_size).copy_(attn)
+                rows = output[span.rows].view(-1, self.num_heads, self.head_size)
+                attn = self._fia(query, key_cache, value_cache, md, span, rows)
+                if attn.data_ptr() != rows.data_ptr():   # a graph task wrote in place
+                    rows.copy_(attn)
         return output
 
     def _fia(self, query, key_cache, value_cache, md: AscendFIAMetadata,
-             span: Span) -> torch.Tensor:
+             span: Span, rows: torch.Tensor | None = None) -> torch.Tensor:
         """One FIA call over the span's tokens and requests; it reads the whole paged
         cache. In a decode graph being captured, a graph task (graph_tasks.py)."""
         t = span.tok1 - span.tok0
@@ -118,4 +120,4 @@ class AscendFIAImpl(AttentionImpl[AscendFIAMetadata]):
             block_size=bs,
         )
         return fia_call(md.graph_tasks, args, kwargs, span.host_lists,
-                        default_key=query.shape[0])
+                        default_key=query.shape[0], out=rows)
