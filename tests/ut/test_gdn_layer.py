@@ -327,6 +327,31 @@ def test_op_table_follows_the_documentation():
     assert t.gdn_ops_for("A3", num_spec=7).decode == t.RECURRENT
 
 
+def test_torch_npus_gdn_ops_only_for_the_head_shapes_they_document():
+    """npu_chunk_gated_delta_rule documents N_k, N_v <= 64, D_k = D_v = 128 and N_v a
+    multiple of N_k; npu_recurrent_gated_delta_rule N, D <= 256 (torch-npu 2.13). A rank
+    outside them takes the plugin's own op, with the reason (the contract rules name the
+    same lines)."""
+    from vllm_ascend_ext.attention.gdn import ops_table as t
+
+    def ops(nk, nv, dk, dv):
+        return t.gdn_ops_for("A2", state_dtype="bfloat16", shape=t.HeadShape(nk, nv, dk, dv))
+
+    # Qwen3-Next-80B at TP 4: 16/4 key heads, 32/4 value heads, 128-wide heads
+    qwen3_next_tp4 = ops(4, 8, 128, 128)
+    assert (qwen3_next_tp4.decode, qwen3_next_tp4.prefill, qwen3_next_tp4.why) == (
+        t.RECURRENT, t.CHUNK, "")
+    small = ops(2, 4, 64, 64)                # the embedded tiny model's 64-wide heads
+    assert small.decode == t.RECURRENT and small.prefill == t.OWN_RECURRENT
+    assert "Dk=64, Dv=64" in small.why and t.CHUNK in small.why
+    crowded = ops(2, 80, 128, 128)
+    assert crowded.prefill == t.OWN_RECURRENT and "Nv=80" in crowded.why
+    assert ops(3, 4, 128, 128).prefill == t.OWN_RECURRENT         # Nv not a multiple
+    wide = ops(2, 4, 128, 512)
+    assert wide.decode == wide.prefill == t.OWN_RECURRENT and "Dv=512" in wide.why
+    assert ops(2, 4, 128, 128).why == ""
+
+
 def test_vllm_cpu_weight_dispatch_leaves_a_flagged_conv_weight_as_taps():
     """The GDN layer marks its conv1d with vLLM's ``_cpu_skip_gemm_dispatch`` (as vLLM's
     MLA marks kv_b_proj): vLLM's CPU linear method then keeps the [dim, 1, K] taps. Unmarked

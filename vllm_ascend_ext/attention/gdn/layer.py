@@ -22,7 +22,7 @@ from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
 
 from vllm_ascend_ext.attention.gdn.backend import AscendGdnBackend
 from vllm_ascend_ext.attention.gdn.core import GdnDims, GdnWeights, gdn_core
-from vllm_ascend_ext.attention.gdn.ops_table import GdnOps, gdn_ops_for
+from vllm_ascend_ext.attention.gdn.ops_table import GdnOps, HeadShape, gdn_ops_for
 from vllm_ascend_ext.errors import AscendExtError
 from vllm_ascend_ext.ops import counting
 
@@ -117,15 +117,17 @@ class AscendGatedDeltaNet(QwenGatedDeltaNetAttention):
         # AVX-512 BF16), as vLLM's MLA keeps kv_b_proj (docs/hybrid.md).
         self.conv1d._cpu_skip_gemm_dispatch = True
         self._forward_method = self.forward_ascend
-        self.gdn_ops: GdnOps = gdn_ops_for(
-            _current_family(), num_spec=self.num_spec,
-            state_dtype=_binding_state_dtype(self.get_state_dtype()[1]))
-        if self.gdn_ops.why:
-            logger.info_once("ascend_ext: GDN layers use the plugin's own ops (%s): %s",
-                             self.gdn_ops.decode, self.gdn_ops.why)
         self.gdn_dims = GdnDims(num_k_heads=self.num_k_heads // self.tp_size,
                                 num_v_heads=self.num_v_heads // self.tp_size,
                                 head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim)
+        self.gdn_ops: GdnOps = gdn_ops_for(
+            _current_family(), num_spec=self.num_spec,
+            state_dtype=_binding_state_dtype(self.get_state_dtype()[1]),
+            shape=HeadShape(self.gdn_dims.num_k_heads, self.gdn_dims.num_v_heads,
+                            self.gdn_dims.head_k_dim, self.gdn_dims.head_v_dim))
+        if self.gdn_ops.why:
+            logger.info_once("ascend_ext: GDN layers: decode %s, prefill %s (%s)",
+                             self.gdn_ops.decode, self.gdn_ops.prefill, self.gdn_ops.why)
         gdn_forward_library()
 
     def get_attn_backend(self):

@@ -36,18 +36,63 @@ class GdnOps:
         return self.decode == RECURRENT
 
 
-def gdn_ops_for(family: str, *, num_spec: int = 0, state_dtype: str | None = None) -> GdnOps:
+@dataclass(frozen=True)
+class HeadShape:
+    """A rank's GDN heads: key / value head counts and head dims."""
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+
+
+# torch_npu 2.13's documented shape bounds ("输入shape大小需满足约束"): the recurrent op
+# takes N_k, N_v, D_k, D_v <= 256; the chunked op N_k, N_v <= 64, D_k = D_v = 128 and N_v a
+# multiple of N_k (the contract rules in contract/op_rules.py check the same lines).
+RECURRENT_MAX = 256
+CHUNK_MAX_HEADS = 64
+CHUNK_HEAD_DIM = 128
+
+
+def recurrent_shape_refusal(shape: HeadShape) -> str | None:
+    big = [f"{name}={n}" for name, n in (("Nk", shape.num_k_heads), ("Nv", shape.num_v_heads),
+                                         ("Dk", shape.head_k_dim), ("Dv", shape.head_v_dim))
+           if n > RECURRENT_MAX]
+    return (f"{', '.join(big)}: {RECURRENT} documents at most {RECURRENT_MAX}" if big else None)
+
+
+def chunk_shape_refusal(shape: HeadShape) -> str | None:
+    bad = [f"{name}={n}" for name, n in (("Nk", shape.num_k_heads), ("Nv", shape.num_v_heads))
+           if n > CHUNK_MAX_HEADS]
+    bad += [f"{name}={n}" for name, n in (("Dk", shape.head_k_dim), ("Dv", shape.head_v_dim))
+            if n != CHUNK_HEAD_DIM]
+    if shape.num_v_heads % shape.num_k_heads:
+        bad.append(f"Nv={shape.num_v_heads} not a multiple of Nk={shape.num_k_heads}")
+    return (f"{', '.join(bad)}: {CHUNK} documents N <= {CHUNK_MAX_HEADS}, D = "
+            f"{CHUNK_HEAD_DIM}, Nv a multiple of Nk" if bad else None)
+
+
+def gdn_ops_for(family: str, *, num_spec: int = 0, state_dtype: str | None = None,
+                shape: HeadShape | None = None) -> GdnOps:
     """``state_dtype``: the recurrent state's dtype where the kernels' documented dtypes
     bind (an NPU, or contract mode); None in plain emulation, whose references also take
-    fp32 states (as the FIA references take fp32 models)."""
+    fp32 states (as the FIA references take fp32 models). ``shape``: the rank's heads,
+    held to each torch_npu op's documented bounds (None: not checked)."""
     own = GdnOps(conv=OWN_CONV, decode=OWN_RECURRENT, prefill=OWN_RECURRENT)
     if family not in TORCH_NPU_GDN_FAMILIES:
         return GdnOps(**{**vars(own), "why": f"torch_npu documents no GDN op for {family}"})
     if state_dtype is not None and state_dtype != TORCH_NPU_STATE_DTYPE:
         return GdnOps(**{**vars(own), "why": f"{state_dtype} recurrent state (mamba_ssm_cache_"
                                               f"dtype); torch_npu's GDN ops take bfloat16"})
+    decode, prefill, why = RECURRENT, CHUNK, []
     if num_spec + 1 > TORCH_NPU_MAX_TOKENS:
-        return GdnOps(conv=OWN_CONV, decode=OWN_RECURRENT, prefill=CHUNK,
-                      why=f"{num_spec} speculative tokens: verify rows exceed "
-                          f"npu_recurrent_gated_delta_rule's {TORCH_NPU_MAX_TOKENS} tokens")
-    return GdnOps(conv=OWN_CONV, decode=RECURRENT, prefill=CHUNK)
+        decode = OWN_RECURRENT
+        why.append(f"{num_spec} speculative tokens: verify rows exceed "
+                   f"{RECURRENT}'s {TORCH_NPU_MAX_TOKENS} tokens")
+    if shape is not None:
+        if decode == RECURRENT and (refusal := recurrent_shape_refusal(shape)):
+            decode = OWN_RECURRENT
+            why.append(refusal)
+        if refusal := chunk_shape_refusal(shape):
+            prefill = OWN_RECURRENT
+            why.append(refusal)
+    return GdnOps(conv=OWN_CONV, decode=decode, prefill=prefill, why="; ".join(why))
