@@ -91,6 +91,25 @@ def observe_replays(corrupt: bool = False) -> list:
     return seen
 
 
+def vllm_cpu_kernels() -> None:
+    """The reference run of the rejection sampler's substitutes: vLLM's own C++ kernels for
+    the CPU (what its CPU platform registers for the same Triton kernels) in place of the
+    NPU's substitutes, on the same engine path: the same draws, so any difference is the
+    substitutes'. The expand kernel keeps the NPU's substitute: vLLM's C++ one reads the
+    GPU runner's int32 top-k as another type (garbage indices)."""
+    from vllm.utils import cpu_triton_utils as cpu_tl
+
+    from vllm_ascend_ext.worker import kernel_substitutes as ks
+
+    rs = "vllm.v1.sample.rejection_sampler."
+    for name, impl in {rs + "rejection_greedy_sample_kernel": "_rejection_greedy_sample_kernel_impl",
+                       rs + "rejection_random_sample_kernel": "_rejection_random_sample_kernel_impl",
+                       rs + "sample_recovered_tokens_kernel":
+                           "_sample_recovered_tokens_kernel_impl"}.items():
+        assert name in ks.SUBSTITUTES, name
+        ks.SUBSTITUTES[name] = getattr(cpu_tl, impl)
+
+
 def break_substitute(which: str) -> None:
     """Negative control: one of the NPU's substitutes of vLLM's Triton kernels
     (worker/kernel_substitutes.py) made wrong the way a faulty port would be."""
@@ -177,6 +196,8 @@ def main() -> None:
     ap.add_argument("--corrupt-replay-lists", action="store_true")
     ap.add_argument("--break-substitute", default=None,
                     choices=("greedy", "random", "expand", "recovered", "slot_mapping"))
+    ap.add_argument("--vllm-cpu-kernels", action="store_true",
+                    help="vLLM's C++ CPU kernels in place of the NPU's Triton substitutes")
     ap.add_argument("--sample", action="store_true",
                     help="random sampling: temperatures 0.6-1.2 across requests, a seed each")
     ap.add_argument("--gpu-memory-utilization", type=float, default=None,
@@ -195,6 +216,8 @@ def main() -> None:
         raise SystemExit("--oracle replaces MTP proposals: give --mtp K")
     if args.break_substitute:
         break_substitute(args.break_substitute)
+    if args.vllm_cpu_kernels:
+        vllm_cpu_kernels()
 
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform

@@ -94,21 +94,28 @@ SAMPLED = (*MIXED, *ON, "--ngram", "--sample")
 
 def test_sampled_speculation_on_the_npu_substitutes_equals_vllms_cpu_kernels(runs):
     """Random rejection sampling, expand and recovered tokens run on the NPU's substitutes
-    (chunked prefill, the mixed split on) and give exactly what vLLM's CPU worker gives
-    with vLLM's own C++ kernels on whole prompts: the same seeded draws, so the same
-    tokens. Chunked prefill discards partial prefills' samples and rewinds their
-    generators by one draw (an NPU generator's offset, modelled by the stand-in), so
-    chunking changes no draw."""
+    (chunked prefill, the mixed split on) and give exactly what vLLM's own C++ kernels for
+    the CPU give in their place on the same engine path: the same seeded draws, so the
+    same tokens. vLLM's sampler draws as on an NPU (``forward_native``; vLLM's CPU worker
+    draws otherwise, so it is no reference for sampled tokens)."""
     npu = runs(*SAMPLED, emulate=True)
-    cpu = runs("--many", "--ngram", "--sample", "--enforce-eager", emulate=True,
-               ASCEND_EXT_EMULATED_WORKER="cpu")
-    assert cpu["engine"]["worker"] == "EmulatedAscendWorker"
+    ref = runs(*SAMPLED, "--vllm-cpu-kernels", emulate=True)
     # every other request also filtered by top-k / top-p: npu_top_k_top_p on the NPU path
-    # (calls after the engine started, not only the warm-up's), vLLM's PyTorch filter on
-    # its CPU worker
+    # (calls after the engine started, not only the warm-up's)
     assert npu["engine"]["top_k_top_p_fused"] > npu["top_k_top_p_fused_at_start"]
-    assert npu["tokens"] == cpu["tokens"]
-    assert max_logprob_gap(npu, cpu) < 1e-4
+    assert npu["tokens"] == ref["tokens"]
+    assert max_logprob_gap(npu, ref) < 1e-4
+
+
+def test_seeded_draws_do_not_depend_on_chunking(runs):
+    """Chunked prefill discards partial prefills' samples and rewinds their generators by
+    one draw (an NPU generator's offset, modelled by the stand-in): a chunked run with the
+    mixed split and decode graphs draws what whole prompts, eager, draw."""
+    chunked = runs(*SAMPLED, emulate=True)
+    whole = runs("--many", "--ngram", "--sample", "--enforce-eager", emulate=True)
+    assert whole["engine"]["cudagraph_mode"] == "NONE"
+    assert chunked["tokens"] == whole["tokens"]
+    assert max_logprob_gap(chunked, whole) < 1e-4
 
 
 @pytest.mark.parametrize("which", ["random", "expand", "recovered"])

@@ -5,8 +5,8 @@ About 8 of the ~20 seconds an e2e engine run takes on the 2-core machine is ``fr
 import LLM``; the suite starts dozens of engines. A zygote is keyed by the environment
 read during that import (``PLATFORM_ENV``: the variables that decide vLLM's platform,
 vLLM's logging set-up, Hugging Face's offline switches, the module path); everything
-else a run sets (``ASCEND_EXT_SOC``, contract mode, the worker choice, vLLM's run-time
-variables) is read at run time and is set, whole, in the child before its script runs
+else a run sets (``ASCEND_EXT_SOC``, contract mode, vLLM's run-time variables; the
+emulated worker choice picks the platform, so it keys the zygote) is read at run time and is set, whole, in the child before its script runs
 as ``__main__``. Nothing passes from one run to the next: each
 child starts from the zygote's import-only state (the zygote itself never builds an
 engine), and a crash, a timeout or a signal ends only that child. Output goes to files the
@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-PLATFORM_ENV = ("ASCEND_EXT_EMULATE", "VLLM_PLUGINS", "VLLM_CONFIGURE_LOGGING",
+PLATFORM_ENV = ("ASCEND_EXT_EMULATE", "ASCEND_EXT_EMULATED_WORKER", "VLLM_PLUGINS", "VLLM_CONFIGURE_LOGGING",
                 "VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", "VLLM_LOGGING_PREFIX",
                 "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTHONPATH")
 TAG = "ZYGOTE "
