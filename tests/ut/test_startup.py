@@ -313,25 +313,35 @@ QWEN3_NEXT_80B = {"hidden_size": 2048, "num_attention_heads": 16, "num_key_value
 
 def _vllm_block_step(config, backend, monkeypatch) -> int:
     """vLLM's own block-size step on the NPU platform, the model's attention layers
-    reporting ``backend`` (what they report once built)."""
+    reporting ``backend`` (a backend or the list of them, what they report once built)."""
+    backends = backend if isinstance(backend, list) else [backend]
     monkeypatch.setattr(AscendNPUPlatform, "_find_non_ssm_backends",
-                        classmethod(lambda cls, cfg: [backend]))
+                        classmethod(lambda cls, cfg: backends))
     AscendNPUPlatform.update_block_size_for_backend(config)
     return config.cache_config.block_size
 
 
 @pytest.mark.parametrize("model,user,expected", [("tiny_qwen3", None, 128),
                                                  ("tiny_qwen3", 256, 256),
-                                                 ("tiny_dsa", None, 128)])
+                                                 ("tiny_dsa", None, 128),
+                                                 ("tiny_dsa", 64, 64)])
 def test_vllms_block_size_step_keeps_the_npu_platforms_size(model, user, expected, environ,
                                                            monkeypatch):
+    from vllm.platforms.interface import Platform
+
     from vllm_ascend_ext.attention.fia.backend import AscendFIABackend
     from vllm_ascend_ext.attention.sfa.backend import AscendSFABackend
+    from vllm_ascend_ext.attention.sfa.backend import AscendSFACacheBackend
 
     config = _vllm_config(model, block_size=user)
     AscendNPUPlatform.check_and_update_config(config)
-    backend = AscendSFABackend if model == "tiny_dsa" else AscendFIABackend
+    # an SFA model's layers report two backends: SFA's and its companion caches'
+    backend = [AscendSFABackend, AscendSFACacheBackend] if model == "tiny_dsa" \
+        else AscendFIABackend
     assert _vllm_block_step(config, backend, monkeypatch) == expected
+    if model == "tiny_dsa" and user is None:   # the control: vLLM's rule for several
+        assert Platform._preferred_block_size_for_backends.__func__(
+            AscendNPUPlatform, backend, 16, config) == 16
 
 
 def test_a_hybrid_models_aligned_block_is_a_multiple_of_128(environ, monkeypatch, tmp_path):

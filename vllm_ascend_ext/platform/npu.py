@@ -239,6 +239,24 @@ class AscendNPUPlatform(Platform):
             cache.block_size = 128
 
     @classmethod
+    def _preferred_block_size_for_backends(cls, backend_classes, default_block_size: int,
+                                           vllm_config) -> int:
+        """vLLM's block-size step takes one backend's preference, but for several it takes
+        the smallest size all accept (16 for an SFA model: its companion cache layers'
+        backend accepts every multiple of 16): the largest preference every backend
+        accepts instead (SFA's 128), else vLLM's rule."""
+        from vllm.config.vllm import set_current_vllm_config
+
+        with set_current_vllm_config(vllm_config):
+            preferred = sorted({b.get_preferred_block_size(default_block_size)
+                                for b in backend_classes}, reverse=True)
+            for size in preferred:
+                if all(b.supports_block_size(size) for b in backend_classes):
+                    return size
+        return super()._preferred_block_size_for_backends(backend_classes, default_block_size,
+                                                          vllm_config)
+
+    @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         # vLLM calls this in every worker: its core Triton kernels, as torch on the NPU.
         from vllm_ascend_ext.worker import kernel_substitutes
