@@ -330,8 +330,7 @@ def test_vllms_block_size_step_keeps_the_npu_platforms_size(model, user, expecte
     from vllm.platforms.interface import Platform
 
     from vllm_ascend_ext.attention.fia.backend import AscendFIABackend
-    from vllm_ascend_ext.attention.sfa.backend import AscendSFABackend
-    from vllm_ascend_ext.attention.sfa.backend import AscendSFACacheBackend
+    from vllm_ascend_ext.attention.sfa.backend import AscendSFABackend, AscendSFACacheBackend
 
     config = _vllm_config(model, block_size=user)
     AscendNPUPlatform.check_and_update_config(config)
