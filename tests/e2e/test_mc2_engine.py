@@ -32,6 +32,13 @@ A3 = {"ASCEND_EXT_SOC": "ascend910_9391"}
 # The runs' own gaps show it: 0.0626 and 0.0611, one ulp each (measured on the 2-core
 # machine; 6e-2, which an earlier machine measured as the noise, is below one ulp).
 BF16_LOGIT_ULP_GAP = 2.0**-4 + 4e-3
+# The tiny Qwen MoE's step-sized runs against one engine, eager bf16 as on an NPU: since the
+# emulated platform is the NPU platform, every run compiles with the NPU's eager backend
+# (each op rounds to bf16, as an NPU's eager ops do; vLLM's CPU platform fused pointwise
+# ops in fp32 with inductor, and ran the DP/EP runs uncompiled) and the gaps grew to two
+# ulps of the logits: measured 0.083 (DP2, all-to-all prefill steps) and 0.132 (TP2 + EP2),
+# the tokens equal up to near ties. Three ulps, for another machine's BLAS blocking.
+BF16_EAGER_TWO_RANK_GAP = 3 * 2.0**-4 + 4e-3
 W8A8 = ("--model", "dsa-w8a8-wide", "--dtype", "bfloat16", "--max-num-batched-tokens", "256")
 
 
@@ -124,7 +131,7 @@ def test_a_step_sized_plan_takes_mc2_for_decode_and_another_exchange_for_prefill
     reads = [r["a2a_host_reads"] for r in two["ranks"]]
     assert reads == ([None, None] if dispatch == "auto" else [large // 2] * 2)
     assert calls[0]["npu_moe_gating_top_k_softmax"] == mc2 + large // per_layer
-    assert greedy_departures(one_engine_long, two, BF16_LOGIT_ULP_GAP) == []
+    assert greedy_departures(one_engine_long, two, BF16_EAGER_TWO_RANK_GAP) == []
 
 
 def test_dp2_tp2_ep4_sequence_parallel_mc2_with_one_expert_per_rank_equals_a_tp2_engine():
@@ -236,7 +243,7 @@ def test_tp2_ep2_without_dp_qwen_moe_layers_split_the_tokens_through_mc2(one_eng
     assert mc2 > 0 and calls[0]["npu_moe_distribute_combine_v2"] == mc2
     assert calls[0]["npu_moe_init_routing_v2"] == 2, calls[0]    # the profile run only
     assert calls[0]["npu_moe_gating_top_k_softmax"] == mc2 + 2
-    assert greedy_departures(one_engine_long, two, BF16_LOGIT_ULP_GAP) == []
+    assert greedy_departures(one_engine_long, two, BF16_EAGER_TWO_RANK_GAP) == []
 
 
 def test_mtp_drafts_meet_in_mc2_with_a_step_sized_plan():
