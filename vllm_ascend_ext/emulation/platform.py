@@ -36,7 +36,6 @@ from vllm_ascend_ext.platform import ray_env, startup
 from vllm_ascend_ext.platform import soc as soc_table
 from vllm_ascend_ext.platform.config_hooks import compile_cache_that_loads
 from vllm_ascend_ext.platform.npu import AscendNPUPlatform
-from vllm_ascend_ext.platform.selection import select_attention_backend
 
 logger = init_logger("vllm.ascend_ext")
 
@@ -67,8 +66,7 @@ EXCEPTIONS = {
     "current_stream": "the stand-in runtime's stream",
     "graph_pool_handle": "the stand-in runtime's graph pool",
     "import_kernels": "plus the host allocator tuning for the references' temporaries",
-    "get_attn_backend_cls": "the same selection, named ascend_ext-emulated in messages",
-    "check_and_update_config": "the same start-up policy, with emulation's side",
+    "label": "the platform's name in start-up messages (ascend_ext-emulated)",
     "_check": "the emulated chip and contract mode instead of the NPU stack",
     "_setup": "the emulated NPU worker, the KV-cache size for a shared host, Ray's "
               "environment for the plugin",
@@ -128,6 +126,7 @@ class EmulatedAscendPlatform(AscendNPUPlatform):
     device_type: str = "cpu"
     dispatch_key: str = "CPU"
     dist_backend: str = "gloo"
+    label: str = PLATFORM_NAME
 
     @classmethod
     def soc(cls) -> soc_table.Soc:
@@ -193,16 +192,6 @@ class EmulatedAscendPlatform(AscendNPUPlatform):
         keep_large_blocks_in_heap()
 
     # -- start-up: the NPU platform's policy, with emulation's own steps ---------------
-    @classmethod
-    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
-        return select_attention_backend(PLATFORM_NAME, cls.soc(), attn_selector_config)
-
-    @classmethod
-    def check_and_update_config(cls, vllm_config) -> None:
-        startup.run(vllm_config, startup.Side(PLATFORM_NAME, check=cls._check,
-                                              refuse=cls._refuse, setup=cls._setup,
-                                              finish=cls._finish))
-
     @classmethod
     def _check(cls, vllm_config) -> tuple[soc_table.Soc, bool]:
         return check_emulation(vllm_config), True

@@ -84,6 +84,7 @@ class AscendNPUPlatform(Platform):
     dist_backend: str = "hccl"
     device_control_env_var: str = "ASCEND_RT_VISIBLE_DEVICES"
     simple_compile_backend: str = "eager"
+    label: str = PLATFORM_NAME   # the platform as start-up messages name it
 
     @classmethod
     def soc(cls) -> soc_table.Soc:
@@ -197,20 +198,24 @@ class AscendNPUPlatform(Platform):
 
     @classmethod
     def opaque_attention_op(cls) -> bool:
-        # Attention is one opaque custom op (as on the emulated platform, which inherits
-        # it from vLLM's CPU platform): a compiled graph never traces FIA's per-step host
-        # lists.
+        # Attention is one opaque custom op: a compiled graph never traces FIA's per-step
+        # host lists.
         return True
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
-        return select_attention_backend(PLATFORM_NAME, cls.soc(), attn_selector_config)
+        return select_attention_backend(cls.label, cls.soc(), attn_selector_config)
 
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
-        # The shared policy (platform/startup.py) with the NPU's own steps beside it.
-        startup.run(vllm_config, startup.Side(PLATFORM_NAME, check=cls._check,
-                                              refuse=cls._refuse, setup=cls._setup))
+        # The shared policy (platform/startup.py) with the platform's own steps beside it.
+        startup.run(vllm_config, startup.Side(cls.label, check=cls._check,
+                                              refuse=cls._refuse, setup=cls._setup,
+                                              finish=cls._finish))
+
+    @classmethod
+    def _finish(cls, start: startup.Start) -> None:
+        return None
 
     @classmethod
     def _check(cls, vllm_config) -> tuple[soc_table.Soc, bool]:
