@@ -1,1 +1,1 @@
-"""Platform classes: ``npu.AscendNPUPlatform`` (emulation subclasses it: ``vllm_ascend_ext.emulation``)."""
+"""Platform classes: ``npu.AscendNPUPlatform``; emulation subclasses it in the emulation package."""
