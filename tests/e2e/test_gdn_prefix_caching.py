@@ -25,7 +25,10 @@ FP32_TOL = 1e-4            # measured: 1.8e-5 (the chunks differ: align mode cut
 # bf16: align mode cuts the prompts into other chunks than caching off, and the tiny
 # model's sharp logits turn bf16 rounding into logprob gaps of ~0.1 without any cache hit
 # (measured: wave 1, no hits, 0.145; wave 2, resumed from checkpoints, 0.101)
-BF16_TOL = 0.25
+# bf16 recurrent states, as on an NPU (vLLM's CPU platform reset them to fp32 before the
+# emulated platform became the NPU platform): caching on and off round the states at
+# different places; measured up to 0.29 before the first differing token.
+BF16_TOL = 0.35
 ALL_EXPERTS = json.dumps({"num_experts_per_tok": 4})
 
 
