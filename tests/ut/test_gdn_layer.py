@@ -350,6 +350,8 @@ def test_torch_npus_gdn_ops_only_for_the_head_shapes_they_document():
     wide = ops(2, 4, 128, 512)
     assert wide.decode == wide.prefill == t.OWN_RECURRENT and "Dv=512" in wide.why
     assert ops(2, 4, 128, 128).why == ""
+    # plain emulation (no binding dtype): the references take any shape
+    assert t.gdn_ops_for("A2", shape=t.HeadShape(2, 4, 64, 64)).prefill == t.CHUNK
 
 
 def test_vllm_cpu_weight_dispatch_leaves_a_flagged_conv_weight_as_taps():

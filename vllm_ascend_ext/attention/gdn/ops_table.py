@@ -76,7 +76,8 @@ def gdn_ops_for(family: str, *, num_spec: int = 0, state_dtype: str | None = Non
     """``state_dtype``: the recurrent state's dtype where the kernels' documented dtypes
     bind (an NPU, or contract mode); None in plain emulation, whose references also take
     fp32 states (as the FIA references take fp32 models). ``shape``: the rank's heads,
-    held to each torch_npu op's documented bounds (None: not checked)."""
+    held to each torch_npu op's documented bounds where they bind (as the dtype: an NPU or
+    contract mode; plain emulation's references take any head shape)."""
     own = GdnOps(conv=OWN_CONV, decode=OWN_RECURRENT, prefill=OWN_RECURRENT)
     if family not in TORCH_NPU_GDN_FAMILIES:
         return GdnOps(**{**vars(own), "why": f"torch_npu documents no GDN op for {family}"})
@@ -88,7 +89,7 @@ def gdn_ops_for(family: str, *, num_spec: int = 0, state_dtype: str | None = Non
         decode = OWN_RECURRENT
         why.append(f"{num_spec} speculative tokens: verify rows exceed "
                    f"{RECURRENT}'s {TORCH_NPU_MAX_TOKENS} tokens")
-    if shape is not None:
+    if shape is not None and state_dtype is not None:   # the documented bounds bind
         if decode == RECURRENT and (refusal := recurrent_shape_refusal(shape)):
             decode = OWN_RECURRENT
             why.append(refusal)
