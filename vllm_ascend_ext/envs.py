@@ -106,9 +106,10 @@ DOCUMENTED: dict[str, str] = {
     SOC: "SoC to emulate (table below; default `ascend910b2`); on an NPU host, the SoC to "
          "assume instead of what `npu-smi` reports. Unknown names and unsupported families "
          "fail before the engine starts, naming the variable",
-    EMULATED_WORKER: "with emulation: `npu` (default) runs the Atlas engine path, the "
-                     "plugin's NPU worker and runner on the CPU stand-in; `cpu` runs vLLM's "
-                     "CPU worker and runner instead, kept to compare against "
+    EMULATED_WORKER: "with emulation: `npu` (default) runs the Atlas engine path, the NPU "
+                     "platform with the plugin's NPU worker and runner on the CPU stand-in; "
+                     "`cpu` runs vLLM's CPU platform, worker and runner with the plugin's "
+                     "backends instead, kept to compare against "
                      "([docs/engine-path.md](docs/engine-path.md)); anything else is an error",
     NPU_CONTRACT: "`1`: NPU contract mode (emulated platform only; "
                   "[docs/contract-mode.md](docs/contract-mode.md)); `0`/unset: off; anything "
