@@ -167,8 +167,8 @@ def test_dp2_moe_equals_one_engine(reference, model, tp, ep):
     rank, each holding its MoE layers' exchange (two all-gathers, one reduce-scatter per
     layer; sequence-parallel under TP2, beside the TP all-reduces and all-gathers). Rank
     1's own prompt decodes 2 steps; it replays as many graphs as rank 0 (7 decode steps),
-    so its dummy batches replay too. Emulated, the model runs uncompiled (vLLM traces a
-    CPU platform's MoE layers with their exchange)."""
+    so its dummy batches replay too. The model compiles as on an NPU: the MoE layers, their
+    exchange included, run inside vLLM's opaque moe_forward op."""
     one = reference(model)
     graphs_on = model == "qwen-moe"
     two = run_script("run_dp.py", "--dp", "2", "--tp", str(tp), "--model", model,
@@ -176,7 +176,7 @@ def test_dp2_moe_equals_one_engine(reference, model, tp, ep):
                      emulate=True)
     if graphs_on:
         assert {(r["cudagraph_mode"], r["compilation_mode"]) for r in two["ranks"]} == {
-            ("FULL_DECODE_ONLY", "NONE")}
+            ("FULL_DECODE_ONLY", "VLLM_COMPILE")}
         layers = json.loads((REPO / "vllm_ascend_ext/models/tiny_qwen_moe/config.json")
                             .read_text())["num_hidden_layers"]
         graphs = [r["graphs"] for r in two["ranks"]]
