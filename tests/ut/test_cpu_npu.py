@@ -332,3 +332,23 @@ def test_vllms_python_ops_in_a_parallel_forward_resolve_to_their_bodies():
     ops = torch.ops.vllm
     assert python_op(ops.sequence_parallel_chunk_impl.default) is utils.sequence_parallel_chunk_impl
     assert python_op(ops.moe_forward.default) is moe_runner._moe_forward
+
+
+def test_a_process_without_the_stand_in_survives_vllms_non_cpu_clean_up():
+    """vLLM's clean-up on a non-CPU platform calls torch.accelerator.empty_cache and
+    empty_host_cache; in an emulated engine-core process beside multiprocess workers (no
+    stand-in there) a CPU build raises. The emulated platform makes them no-ops there."""
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "try:\n    torch.accelerator.empty_cache()\n    print('no raise')\n"
+            "except RuntimeError:\n    print('raises')\n"
+            "from vllm_ascend_ext.emulation import cpu_npu\n"
+            "print(cpu_npu.quiet_host_accelerator())\n"
+            "torch.accelerator.empty_cache(); torch.accelerator.empty_host_cache()\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split("\n")
+    assert out[0] == "raises"                                   # the control
+    assert out[1] == "['empty_cache', 'empty_host_cache', 'synchronize']" and out[2] == "ok"

@@ -327,6 +327,25 @@ ACCELERATOR = {
 }
 
 
+HOST_ONLY_NOOPS = ("empty_cache", "empty_host_cache", "synchronize")
+
+
+def quiet_host_accelerator() -> list[str]:
+    """A process of the emulated engine that brings up no stand-in (the engine core beside
+    multiprocess workers) still runs vLLM's non-CPU clean-up, which calls
+    ``torch.accelerator``'s cache functions; a CPU build raises there ("Cannot access
+    accelerator device"). Those become no-ops (the stand-in's own, which ``install``
+    replaces if this process brings one up later). Returns the names replaced."""
+    if torch.accelerator.current_accelerator() is not None:
+        return []
+    done = []
+    for name in HOST_ONLY_NOOPS:
+        if hasattr(torch.accelerator, name):
+            setattr(torch.accelerator, name, lambda *a, **k: None)
+            done.append(name)
+    return done
+
+
 def install(rt: types.ModuleType) -> dict:
     """Route ``torch.accelerator``'s device functions and ``torch.Event`` to ``rt`` (the
     emulated worker's process). Returns ``{name: what it replaced}``."""

@@ -65,7 +65,9 @@ EXCEPTIONS = {
     "get_current_memory_usage": "the stand-in runtime's memory model",
     "current_stream": "the stand-in runtime's stream",
     "graph_pool_handle": "the stand-in runtime's graph pool",
-    "import_kernels": "plus the host allocator tuning for the references' temporaries",
+    "import_kernels": "plus the host allocator tuning for the references' temporaries, and "
+                      "torch.accelerator's cache calls as no-ops in a process without the "
+                      "stand-in (a CPU build raises there)",
     "label": "the platform's name in start-up messages (ascend_ext-emulated)",
     "_check": "the emulated chip and contract mode instead of the NPU stack",
     "_setup": "the emulated NPU worker, the KV-cache size for a shared host, Ray's "
@@ -190,6 +192,9 @@ class EmulatedAscendPlatform(AscendNPUPlatform):
         # Called by vLLM in every process that runs kernels (engine core, workers).
         super().import_kernels()
         keep_large_blocks_in_heap()
+        from vllm_ascend_ext.emulation import cpu_npu
+
+        cpu_npu.quiet_host_accelerator()
 
     # -- start-up: the NPU platform's policy, with emulation's own steps ---------------
     @classmethod
