@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+# the documented GDN bounds, as the GDN layers' op choice holds them
+from vllm_ascend_ext.attention.gdn.ops_table import CHUNK_HEAD_DIM, CHUNK_MAX_HEADS, RECURRENT_MAX
 from vllm_ascend_ext.contract.layer_op_rules import LAYER_OP_RULES
 from vllm_ascend_ext.contract.mc2_rules import MC2_RULES
 from vllm_ascend_ext.contract.moe_rules import MOE_RULES
@@ -391,9 +393,9 @@ GDN_RULES = (
     Rule(RGDR, "num_accepted_tokens", "投机推理每个batch接受的token数量",
          dtype_in("num_accepted_tokens", I32)),
     Rule(RGDR, "query", "$N_k \\le 256$，$N_v \\le 256$，$D_k \\le 256$，$D_v \\le 256$",
-         _gdn_bound(256)),
-    Rule(CGDR, "query", "$N_k \\le 64$，$N_v \\le 64$", _gdn_bound(64, dims=False)),
-    Rule(CGDR, "query", "$D_k = 128$，$D_v = 128$", _gdn_bound(0, exact=128, heads=False)),
+         _gdn_bound(RECURRENT_MAX)),
+    Rule(CGDR, "query", "$N_k \\le 64$，$N_v \\le 64$", _gdn_bound(CHUNK_MAX_HEADS, dims=False)),
+    Rule(CGDR, "query", "$D_k = 128$，$D_v = 128$", _gdn_bound(0, exact=CHUNK_HEAD_DIM, heads=False)),
     Rule(CGDR, "value", "$N_v$是$N_k$整数倍", _nv_multiple_of_nk),
 )
 

@@ -306,10 +306,6 @@ def make_runtime() -> types.ModuleType:
     return rt
 
 
-def is_stand_in(module) -> bool:
-    return getattr(module, "__stand_in__", None) == NAME
-
-
 # torch.accelerator name -> the runtime's function serving it.
 ACCELERATOR = {
     "synchronize": "synchronize",
