@@ -15,6 +15,11 @@ FP32_LOGPROB_TOL = 1e-4      # the issue's bound, fp32 against every reference
 FP32_TIE_EPS = 1e-4          # router-logit gap: 4x the largest fp32 router error measured
 BF16_TIE_EPS = 0.25          # bf16 router logits are off by up to ~0.7 (measured)
 BF16_ERR_FLOOR = 2e-3        # under it a bf16 logprob error is rounding whatever its ratio
+# bf16 recurrent states (as on an NPU) rounded at different places by two runs of the tiny
+# hybrid model, whose sharp logits turn that into logprob gaps before any token differs:
+# measured up to 0.29 (prefix caching on vs off) and 0.112 (contract mode's torch_npu
+# GDN references vs the plugin's own ops).
+BF16_STATE_TOL = 0.35
 
 
 def compare_tokens(tokens: list[int], lps: list[float], ref_lp: torch.Tensor,

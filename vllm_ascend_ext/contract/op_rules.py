@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 # the documented GDN bounds, as the GDN layers' op choice holds them
-from vllm_ascend_ext.attention.gdn.ops_table import CHUNK_HEAD_DIM, CHUNK_MAX_HEADS, RECURRENT_MAX
 from vllm_ascend_ext.contract.layer_op_rules import LAYER_OP_RULES
 from vllm_ascend_ext.contract.mc2_rules import MC2_RULES
 from vllm_ascend_ext.contract.moe_rules import MOE_RULES
@@ -46,6 +45,7 @@ from vllm_ascend_ext.ops.format import (
     format_name,
     npu_format,
 )
+from vllm_ascend_ext.ops.gdn_bounds import CHUNK_HEAD_DIM, CHUNK_MAX_HEADS, RECURRENT_MAX
 from vllm_ascend_ext.ops.op_record import NpuOp
 from vllm_ascend_ext.quantization.weight_format import NZ_FAMILIES
 

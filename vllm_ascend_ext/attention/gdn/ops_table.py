@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_ascend_ext.ops.gdn_bounds import CHUNK_HEAD_DIM, CHUNK_MAX_HEADS, RECURRENT_MAX
+
 RECURRENT = "npu_recurrent_gated_delta_rule"
 CHUNK = "npu_chunk_gated_delta_rule"
 OWN_RECURRENT = "_C_ascend_ext.npu_recurrent_gated_delta_rule_ext"
@@ -43,14 +45,6 @@ class HeadShape:
     num_v_heads: int
     head_k_dim: int
     head_v_dim: int
-
-
-# torch_npu 2.13's documented shape bounds ("输入shape大小需满足约束"): the recurrent op
-# takes N_k, N_v, D_k, D_v <= 256; the chunked op N_k, N_v <= 64, D_k = D_v = 128 and N_v a
-# multiple of N_k (the contract rules in contract/op_rules.py check the same lines).
-RECURRENT_MAX = 256
-CHUNK_MAX_HEADS = 64
-CHUNK_HEAD_DIM = 128
 
 
 def recurrent_shape_refusal(shape: HeadShape) -> str | None:
