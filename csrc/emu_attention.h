@@ -74,8 +74,9 @@ void scatter_kv_emu_kernel(const at::Tensor& key, const at::Tensor& value,
                            const at::Tensor& key_cache, const at::Tensor& value_cache,
                            const at::Tensor& slot_mapping);
 
-// Threads that took part in the last emu_ kernel call (set by each kernel), and which
-// vector path the attention kernel takes.
+// Threads the last emu_ kernel call ran its parallel region on (set by each kernel: the
+// torch thread setting, whatever the machine's load), and which vector path the attention
+// kernel takes.
 extern std::atomic<int64_t> g_emu_last_threads;
 int64_t emu_last_threads();
 std::string emu_vector_path();

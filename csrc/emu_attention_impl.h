@@ -315,15 +315,9 @@ int64_t run_items(const FiaArgs& a, const std::vector<FiaItem>& items) {
   std::atomic<int64_t> next{0}, threads{0};
   const int64_t n = static_cast<int64_t>(items.size());
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    threads.fetch_add(1);  // one body per thread of the region, however many items it takes
     Worker<T> w(a);
-    bool counted = false;
-    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
-      if (!counted) {
-        counted = true;
-        threads.fetch_add(1);
-      }
-      w.run(items[i]);
-    }
+    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) w.run(items[i]);
   });
   return threads.load();
 }

@@ -87,15 +87,11 @@ void run_gdr(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t s0 = state.stride(0), s1 = state.stride(1), s2 = state.stride(2);
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    threads.fetch_add(1);  // one body per thread of the region, however many items it takes
     std::vector<float> st(dv * dk), qs(dk);
-    bool counted = false;
     for (int64_t it = next.fetch_add(1); it < n_items; it = next.fetch_add(1)) {
       const int64_t r = it / nv, h = it % nv, hk = h / rep;
       if (lens[r] == 0) continue;
-      if (!counted) {
-        counted = true;
-        threads.fetch_add(1);
-      }
       load_rows(sp + init_slots[r] * s0 + h * s1, s2, dv, dk, st.data());
       for (int64_t p = 0; p < lens[r]; ++p) {
         const int64_t t = starts[r] + p;

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e import engine_cache
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
@@ -80,15 +82,31 @@ def _close_zygotes():
     _ZYGOTES.clear()
 
 
-def run_script(script: str, *args: str, emulate: bool, timeout: int = 600, **env) -> dict:
+def run_script(script: str, *args: str, emulate: bool, timeout: int = 600,
+               fresh: bool = False, **env) -> dict:
+    """The ``RESULT`` of ``script`` run with ``args`` and ``env``: computed once per test
+    run for each distinct (script, arguments, environment) and read by every test that
+    asks for it, on either worker (``engine_cache.py``); ``fresh`` runs it again
+    whatever ran before (a determinism check, the zygote's own tests)."""
     full_env = child_env(emulate, **env)
+    key = engine_cache.key(script, args, full_env)
+    result = None if fresh else engine_cache.CACHE.get(key)
+    if result is None:
+        with engine_cache.CACHE.computing(key, fresh) as slot:
+            result = slot.value if slot.value is not None else _result(
+                script, args, full_env, timeout)
+            slot.value = result
+    if emulate:
+        assert_npu_engine_path(result, env)
+    return json.loads(json.dumps(result))   # each caller its own copy
+
+
+def _result(script: str, args: tuple, full_env: dict[str, str], timeout: int) -> dict:
     rc, stdout, stderr = _run(script, args, full_env, timeout)
+    engine_cache.CACHE.count_starts(script, stdout + stderr)
     for line in stdout.splitlines():
         if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT "):])
-            if emulate:
-                assert_npu_engine_path(result, env)
-            return result
+            return json.loads(line[len("RESULT "):])
     raise AssertionError(
         f"{script} {' '.join(args)} produced no RESULT (rc={rc}):\n"
         f"{stdout[-3000:]}\n{stderr[-6000:]}"
@@ -174,16 +192,12 @@ def oracle_runs(script: str, base: tuple, plain: dict, folder, rate: str = "0.6"
 
 @pytest.fixture(scope="session")
 def runs():
-    """Engine runs shared by the tests of a session, computed on first use."""
-    cache: dict[tuple, dict] = {}
-
+    """``run_llm.py`` runs, stock vLLM's with ``stock_env()``; shared like every
+    ``run_script`` run."""
     def get(*args: str, emulate: bool, **env: str) -> dict:
         if not emulate:
             env = {**stock_env(), **env}
-        key = (args, emulate, tuple(sorted(env.items())))
-        if key not in cache:
-            cache[key] = run_script("run_llm.py", *args, emulate=emulate, **env)
-        return cache[key]
+        return run_script("run_llm.py", *args, emulate=emulate, **env)
 
     return get
 

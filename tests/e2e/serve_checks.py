@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
+from pathlib import Path
+
+# A starting server is judged by its progress, not by a clock: it fails once its log has
+# not grown for STALL_S (a hung start) or after CAP_S in all; a loaded machine only
+# slows the lines down.
+STALL_S = 300.0
+CAP_S = 1800.0
 
 
 def complete(port: int, model: str, prompt: str, max_tokens: int) -> dict:
@@ -18,6 +26,28 @@ def complete(port: int, model: str, prompt: str, max_tokens: int) -> dict:
         lp = json.loads(r.read())["choices"][0]["logprobs"]
     return {"tokens": [int(t.split(":", 1)[1]) for t in lp["tokens"]],
             "logprobs": lp["token_logprobs"]}
+
+
+def wait_healthy(procs, port: int, logs: list[Path], stall_s: float = STALL_S,
+                 cap_s: float = CAP_S) -> None:
+    """Until ``/health`` answers on ``port``: fails naming the logs' tails when a process
+    of ``procs`` exits, when no log has grown for ``stall_s`` or after ``cap_s``."""
+    start = last = time.monotonic()
+    size = -1
+    while True:
+        assert all(p.poll() is None for p in procs), "a server process exited\n" + tails(logs)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return
+        except OSError:
+            pass
+        now = time.monotonic()
+        grown = sum(Path(p).stat().st_size for p in logs if Path(p).exists())
+        if grown != size:
+            size, last = grown, now
+        assert now - last < stall_s, f"no start-up progress for {stall_s:.0f} s\n" + tails(logs)
+        assert now - start < cap_s, f"not ready after {cap_s:.0f} s\n" + tails(logs)
+        time.sleep(1)
 
 
 def server_sessions(nodes) -> set[int]:

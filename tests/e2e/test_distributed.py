@@ -11,14 +11,20 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.e2e.conftest import REPO, child_env, max_logprob_gap, run_script
 from tests.e2e.dp_prompts import MAX_TOKENS
-from tests.e2e.serve_checks import complete, first_traceback, kill_sessions, server_sessions, tails
+from tests.e2e.serve_checks import (
+    complete,
+    first_traceback,
+    kill_sessions,
+    server_sessions,
+    tails,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -339,15 +345,7 @@ def test_two_nodes_on_loopback_serve_dp2_ep2_and_stop_cleanly(reference, tmp_pat
         for i, path in enumerate(paths):
             with open(path, "a") as log:        # the child keeps its own handle
                 nodes.append(_serve(model, port, rpc, log, headless=i == 1))
-        deadline = time.monotonic() + 400
-        while True:
-            assert all(n.poll() is None for n in nodes), tails(paths)
-            assert time.monotonic() < deadline, "not ready\n" + tails(paths)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                time.sleep(1)
+        wait_healthy(nodes, port, paths)
         sessions = server_sessions(nodes)
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             got = list(pool.map(lambda i: complete(port, model, PROMPTS[i], MAX_TOKENS[i]),

@@ -68,8 +68,9 @@ def test_vllms_cpu_worker_and_the_npu_engine_path_agree(runs):
     assert max_logprob_gap(npu, cpu) < 1e-5
 
 
-# the same runs as tests/e2e/test_mixed_split.py (shared through the session's cache)
-MIXED = ("--many", "--max-num-batched-tokens", "64")
+# the same runs as tests/e2e/test_mixed_split.py (the same arguments: one engine each)
+GRAPHS = ("--many", "--max-num-batched-tokens", "64")
+MIXED = (*GRAPHS, "--enforce-eager")
 ON = ("--mixed-split", "on")
 
 
@@ -89,7 +90,7 @@ def test_negative_control_a_broken_rejection_substitute_changes_the_tokens(runs)
 
 
 # seeded random sampling (a temperature and a seed per request) with ngram drafts
-SAMPLED = (*MIXED, *ON, "--ngram", "--sample")
+SAMPLED = (*GRAPHS, *ON, "--ngram", "--sample")
 
 
 def test_sampled_speculation_on_the_npu_substitutes_equals_vllms_cpu_kernels(runs):

@@ -14,6 +14,7 @@ import sys
 import pytest
 from PIL import Image
 
+from tests.e2e import engine_cache
 from tests.e2e.conftest import REPO
 
 pytestmark = pytest.mark.e2e
@@ -26,6 +27,8 @@ def dry_run(tmp_path_factory):
     env["PYTHON"] = sys.executable  # the interpreter running the tests, whatever is on PATH
     proc = subprocess.run(["bash", "tests/e2e/nightly/run.sh", "--dry-run", "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
+    for log in sorted((out / "logs").glob("*.log")):
+        engine_cache.CACHE.count_starts("nightly", log.read_text(errors="replace"))
     return proc, out
 
 

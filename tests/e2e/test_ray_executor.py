@@ -18,13 +18,18 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
 from tests.e2e.conftest import REPO, _run, child_env, run_script
-from tests.e2e.serve_checks import complete, first_traceback, kill_sessions, server_sessions, tails
+from tests.e2e.serve_checks import (
+    complete,
+    first_traceback,
+    kill_sessions,
+    server_sessions,
+    tails,
+    wait_healthy,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("parallel")]
 
@@ -117,15 +122,7 @@ def test_ray_tp2_serves_through_the_openai_server_and_stops_cleanly(ray_cluster,
         server = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 400
-        while True:
-            assert server.poll() is None, tails([path])
-            assert time.monotonic() < deadline, "not ready\n" + tails([path])
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                time.sleep(1)
+        wait_healthy([server], port, [path])
         sessions = server_sessions([server])
         got = [complete(port, model, p, n) for p, n in zip(PROMPTS, MAX_TOKENS)]
         server.send_signal(signal.SIGTERM)

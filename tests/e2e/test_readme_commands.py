@@ -28,12 +28,13 @@ import psutil
 import pytest
 
 from tests import readme_blocks as rb
+from tests.e2e import engine_cache
+from tests.e2e.serve_checks import wait_healthy
 
 pytestmark = pytest.mark.e2e
 
 REPO = rb.REPO
 BLOCK_TIMEOUT_S = 900
-SERVER_START_S = 300
 IN_FLIGHT, IN_FLIGHT_TOKENS = 4, 48
 
 
@@ -69,6 +70,7 @@ def _bash(text: str) -> list[str]:
 def _run(block: rb.Block) -> tuple[int, str]:
     proc = subprocess.run(_bash(block.text), cwd=REPO, env=_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=BLOCK_TIMEOUT_S)
+    engine_cache.CACHE.count_starts("doc-commands", proc.stdout)
     return proc.returncode, proc.stdout
 
 
@@ -82,11 +84,6 @@ def _check_output(block: rb.Block, output: str) -> None:
         wanted = int(re.search(r"--num-prompts (\d+)", block.text).group(1))
         done = int(re.search(r"Successful requests:\s+(\d+)", output).group(1))
         assert done == wanted, f"{block.where()}: {done}/{wanted} requests succeeded"
-
-
-def _get(url: str) -> int:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.status
 
 
 def _stream(port: int, model: str, started: threading.Event, result: dict) -> None:
@@ -135,16 +132,10 @@ def _serve_and_stop(step: list[rb.Block], log_path: Path) -> None:
         proc = subprocess.Popen(_bash(server.text), cwd=REPO, env=_env(), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.time() + SERVER_START_S
-        while True:
-            assert proc.poll() is None, f"{server.where()}: server exited\n{log_path.read_text()[-4000:]}"
-            try:
-                if _get(f"http://127.0.0.1:{port}/health") == 200:
-                    break
-            except OSError:
-                pass
-            assert time.time() < deadline, f"{server.where()}: not healthy in {SERVER_START_S} s"
-            time.sleep(1)
+        try:
+            wait_healthy([proc], port, [log_path])
+        except AssertionError as exc:
+            raise AssertionError(f"{server.where()}: {exc}") from None
         for client in clients:
             code, out = _run(client)
             assert code == 0, f"{client.where()}: exit {code}\n{out[-4000:]}"
@@ -171,6 +162,7 @@ def _serve_and_stop(step: list[rb.Block], log_path: Path) -> None:
             proc.wait()
         _wait_port_closed(port)
     log = rb.without_vllm_shutdown_race(log_path.read_text())
+    engine_cache.CACHE.count_starts("doc-commands", log)
     assert code == 0, f"{server.where()}: exit {code} after Ctrl-C\n{log[-4000:]}"
     assert results == [{"finish": "length", "tokens": IN_FLIGHT_TOKENS}] * IN_FLIGHT, results
     assert "Traceback" not in log, log[log.index("Traceback") - 2000:][:6000]

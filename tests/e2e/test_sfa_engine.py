@@ -176,8 +176,8 @@ def test_per_step_counts_do_not_grow_with_depth_and_the_indexer_gemm_runs_once(d
 def test_w8a8_model_under_dummy_loading_is_deterministic():
     """vLLM leaves int8 parameters uninitialised under load_format=dummy; the plugin fills them."""
     args = ("--quantized", "--dummy", "--num-prompts", "2", "--max-tokens", "4", "--enforce-eager")
-    a = run_script("run_dsa.py", *args, emulate=True)
-    b = run_script("run_dsa.py", *args, emulate=True)
+    a = run_script("run_dsa.py", *args, emulate=True, fresh=True)
+    b = run_script("run_dsa.py", *args, emulate=True, fresh=True)
     assert {rt[0] for rt in a["routes"]} == {"prolog_v3"}
     assert a["tokens"] == b["tokens"] and a["logprobs"] == b["logprobs"]
 

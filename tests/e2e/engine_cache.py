@@ -1,0 +1,105 @@
+"""Engine runs computed once per test run: each distinct (script, arguments, environment)
+runs once, on whichever pytest-xdist worker asks first, and every test that asks for it
+reads its ``RESULT`` (``conftest.run_script``); the other worker, asking meanwhile, waits
+for it instead of starting the same engine.
+
+The results live in a folder made for the run (``E2E_ENGINE_CACHE``, set by the
+controller in ``tests/conftest.py`` before the workers start, removed at the end), one
+JSON file per key, written under a file lock. The folder also collects the engine starts
+each run logged (vLLM's ``init engine`` line, one per engine core), which the run's
+summary reports (``tests/conftest.py``). Without the variable (a script run outside
+pytest) nothing is shared and starts are counted in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+
+ENV = "E2E_ENGINE_CACHE"
+STARTS = "engine_starts.tsv"
+ENGINE_LINE = "init engine (profile, create kv cache, warmup model) took"
+# set per worker or per test by pytest, not by the run
+_VOLATILE = ("PYTEST_", ENV)
+
+
+def key(script: str, args: tuple, env: dict[str, str]) -> str:
+    stable = {k: v for k, v in env.items() if not k.startswith(_VOLATILE)}
+    text = json.dumps([script, list(args), sorted(stable.items())])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def engine_starts(text: str) -> int:
+    """Engine cores that finished starting in a run's output."""
+    return text.count(ENGINE_LINE)
+
+
+class _Slot:
+    value: dict | None = None
+
+
+class EngineCache:
+    def __init__(self) -> None:
+        self.memory: dict[str, dict] = {}
+        self.started: list[tuple[str, int]] = []
+
+    @property
+    def folder(self) -> Path | None:
+        where = os.environ.get(ENV)
+        return Path(where) if where and os.path.isdir(where) else None
+
+    def get(self, k: str) -> dict | None:
+        if k in self.memory:
+            return self.memory[k]
+        if self.folder is not None and (self.folder / f"{k}.json").exists():
+            self.memory[k] = json.loads((self.folder / f"{k}.json").read_text())
+            return self.memory[k]
+        return None
+
+    @contextlib.contextmanager
+    def computing(self, k: str, fresh: bool):
+        """Held while ``k`` is computed: another worker asking for ``k`` waits, then reads
+        the result (``slot.value`` set on entry) unless ``fresh``."""
+        slot = _Slot()
+        folder = self.folder
+        lock = open(folder / f"{k}.lock", "w") if folder is not None else None
+        try:
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if not fresh:
+                slot.value = self.get(k)
+            yield slot
+            if slot.value is not None:
+                self.memory[k] = slot.value
+                if folder is not None:
+                    tmp = folder / f"{k}.json.tmp"
+                    tmp.write_text(json.dumps(slot.value))
+                    os.replace(tmp, folder / f"{k}.json")
+        finally:
+            if lock is not None:
+                lock.close()
+
+    def count_starts(self, what: str, output: str) -> None:
+        n = engine_starts(output)
+        self.started.append((what, n))
+        if self.folder is not None and n:
+            with open(self.folder / STARTS, "a") as f:
+                f.write(f"{what}\t{n}\n")
+
+
+CACHE = EngineCache()
+
+
+def read_starts(folder: Path) -> dict[str, int]:
+    """Engine starts per script (or test group) logged into ``folder``."""
+    out: dict[str, int] = {}
+    path = folder / STARTS
+    if path.exists():
+        for line in path.read_text().splitlines():
+            what, n = line.rsplit("\t", 1)
+            out[what] = out.get(what, 0) + int(n)
+    return out
