@@ -76,8 +76,8 @@ def test_negative_controls_change_the_result(dsa):
     assert broken["tokens"] != base["tokens"] and max_logprob_gap(base, broken) > 0.1
     dense = dsa(*CHUNKED, "--dense-topk")            # every visible key: sparsity matters here
     assert dense["tokens"] != base["tokens"] and max_logprob_gap(base, dense) > 0.1
-    unbiased = dsa(*CHUNKED, "--corrupt-moe-bias")   # MoE experts chosen without the bias
-    assert max_logprob_gap(base, unbiased) > 0.05
+    # experts chosen without the routing bias: at its seam, test_moe_method.py::
+    # test_ignoring_the_bias_or_the_groups_changes_the_routing
 
 
 def test_w8a8_model_takes_the_fused_prolog_and_matches_the_native_chain(dsa):

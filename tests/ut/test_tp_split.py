@@ -127,6 +127,12 @@ def test_vllms_runner_all_reduces_only_the_shared_experts_of_a_split_layer(monke
     out = _runner(None, scale).forward(torch.zeros(3, 4), torch.zeros(3, 2))
     assert torch.equal(out, torch.full((3, 4), 2 * (1.0 + 10.0 * scale)))
     assert [t[0, 0].item() for t in reduced] == [1.0 + 10.0 * scale]
+    # negative control (the e2e one, moved here): the split's kernel reporting its output
+    # unreduced makes vLLM all-reduce every rank's complete routed copy as well
+    reduced.clear()
+    monkeypatch.setattr(type(kernel), "output_is_reduced", lambda self: False)
+    out = _runner(kernel, scale).forward(torch.zeros(3, 4), torch.zeros(3, 2))
+    assert torch.equal(out, torch.full((3, 4), 2 * (1.0 + 10.0 * scale)))
 
 
 def test_a_split_layer_whose_block_reduces_its_output_itself_is_refused_after_loading():
