@@ -50,6 +50,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if starts:
         parts = ", ".join(f"{k} {v}" for k, v in sorted(starts.items(), key=lambda kv: -kv[1]))
         terminalreporter.write_line(f"engine starts: {sum(starts.values())} ({parts})")
+    per_file = engine_cache.read_starts(Path(folder), by=0)
+    engines: dict[str, int] = {}
+    for path, n in per_file.items():
+        engines[_group_of(path)] = engines.get(_group_of(path), 0) + n
+    if _seconds_by_group:
+        terminalreporter.write_line("group | engines started | test seconds")
+        for group, sec in sorted(_seconds_by_group.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{group} | {engines.get(group, 0)} | {sec:.0f}")
 
 
 def pytest_unconfigure(config):

@@ -84,22 +84,26 @@ class EngineCache:
                 lock.close()
 
     def count_starts(self, what: str, output: str) -> None:
+        """Record the engines ``output`` started, under ``what`` (a script) and the test
+        file that asked (pytest's ``PYTEST_CURRENT_TEST``)."""
         n = engine_starts(output)
+        test = os.environ.get("PYTEST_CURRENT_TEST", "-").split("::", 1)[0]
         self.started.append((what, n))
         if self.folder is not None and n:
             with open(self.folder / STARTS, "a") as f:
-                f.write(f"{what}\t{n}\n")
+                f.write(f"{test}\t{what}\t{n}\n")
 
 
 CACHE = EngineCache()
 
 
-def read_starts(folder: Path) -> dict[str, int]:
-    """Engine starts per script (or test group) logged into ``folder``."""
+def read_starts(folder: Path, by: int = 1) -> dict[str, int]:
+    """Engine starts logged into ``folder``, per script (``by=1``) or per test file
+    (``by=0``)."""
     out: dict[str, int] = {}
     path = folder / STARTS
     if path.exists():
         for line in path.read_text().splitlines():
-            what, n = line.rsplit("\t", 1)
-            out[what] = out.get(what, 0) + int(n)
+            fields = line.split("\t")
+            out[fields[by]] = out.get(fields[by], 0) + int(fields[-1])
     return out

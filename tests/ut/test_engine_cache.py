@@ -52,10 +52,14 @@ def test_a_second_asker_waits_for_the_first_and_reads_its_result(tmp_path, monke
 def test_engine_starts_are_counted_from_vllms_line(tmp_path, monkeypatch):
     monkeypatch.setenv(ec.ENV, str(tmp_path))
     line = f"INFO [core.py:402] {ec.ENGINE_LINE} 2.79 s\n"
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/e2e/test_a.py::test_x (call)")
     ec.EngineCache().count_starts("run_dp.py", line * 2 + "other\n")
     ec.EngineCache().count_starts("run_llm.py", line)
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/e2e/test_b.py::test_y (setup)")
+    ec.EngineCache().count_starts("run_llm.py", line)
     ec.EngineCache().count_starts("run_llm.py", "no engine\n")
-    assert ec.read_starts(tmp_path) == {"run_dp.py": 2, "run_llm.py": 1}
+    assert ec.read_starts(tmp_path) == {"run_dp.py": 2, "run_llm.py": 2}
+    assert ec.read_starts(tmp_path, by=0) == {"tests/e2e/test_a.py": 3, "tests/e2e/test_b.py": 1}
 
 
 def _sleeper():

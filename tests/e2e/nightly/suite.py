@@ -46,7 +46,7 @@ class Run:
     def __init__(self, args: argparse.Namespace):
         self.dry = args.dry_run
         self.out = Path(args.out).resolve()
-        self.repeats = args.repeats or (2 if self.dry else 3)
+        self.repeats = args.repeats or (1 if self.dry else 3)
         self.npu_devices = 0
         self.doctor_ok = False
         self.split_on = "auto"  # the feature-on mixed_split value (doctor sets it)
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the whole suite on the CPU in emulation with the tiny models")
     ap.add_argument("--out", default="nightly-report", help="report directory")
     ap.add_argument("--repeats", type=int, default=0,
-                    help="bench serve repetitions per setting (default: 3; 2 in a dry run)")
+                    help="bench serve repetitions per setting (default: 3; 1 in a dry run)")
     args = ap.parse_args(argv)
     run = Run(args)
     run.out.mkdir(parents=True, exist_ok=True)
