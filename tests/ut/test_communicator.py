@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.ut.conftest import rank_context
 
 SIZES = [3, 1]             # uneven rows per rank (DP ranks with different batch sizes)
 
@@ -73,7 +74,7 @@ def _tensors(value):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     store = str(tmp_path_factory.mktemp("gloo") / "store")   # a file rendezvous: no port race
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     queue = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, store, queue)) for r in range(2)]
     for p in procs:

@@ -71,16 +71,21 @@ def test_a_start_without_progress_fails_on_its_log_not_on_a_clock(tmp_path):
     log.write_text("starting\n")
     proc = _sleeper()
     try:
-        grow = threading.Thread(target=lambda: [time.sleep(0.2) or log.open("a").write(".")
-                                                for _ in range(8)])
-        grow.start()
+        def grow():
+            for _ in range(6):
+                time.sleep(0.2)
+                with log.open("a") as f:
+                    f.write(".")
+
+        writer = threading.Thread(target=grow)
+        writer.start()
         began = time.monotonic()
-        with pytest.raises(AssertionError, match="no start-up progress for 1 s"):
-            wait_healthy([proc], 1, [log], stall_s=1.0, cap_s=60)
-        grow.join()
-        assert time.monotonic() - began > 2.2      # the growing log kept it waiting
-        with pytest.raises(AssertionError, match="not ready after 1 s"):
-            wait_healthy([proc], 1, [log], stall_s=60, cap_s=1.0)
+        with pytest.raises(AssertionError, match="no start-up progress for 0.6 s"):
+            wait_healthy([proc], 1, [log], stall_s=0.6, cap_s=60)
+        writer.join()
+        assert time.monotonic() - began > 1.5      # the growing log kept it waiting
+        with pytest.raises(AssertionError, match="not ready after 0.5 s"):
+            wait_healthy([proc], 1, [log], stall_s=60, cap_s=0.5)
     finally:
         proc.kill()
         proc.wait()

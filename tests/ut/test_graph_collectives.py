@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.ut.conftest import rank_context
 
 SIZES = [3, 1]
 
@@ -56,7 +57,7 @@ def _worker(rank: int, store: str, queue) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     store = str(tmp_path_factory.mktemp("gloo") / "store")
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     queue = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, store, queue)) for r in range(2)]
     for p in procs:
