@@ -20,9 +20,10 @@ def _is_worker(config) -> bool:
 def pytest_configure(config):
     if _is_worker(config):
         return
-    if not os.environ.get(engine_cache.ENV):
-        os.environ[engine_cache.ENV] = tempfile.mkdtemp(prefix="e2e-engines-")
-        config._engine_cache_made = True
+    # always this run's own folder (a nested run, e.g. the nightly dry run's unit tests,
+    # or a variable left in a shell must not read another run's results)
+    os.environ[engine_cache.ENV] = tempfile.mkdtemp(prefix="e2e-engines-")
+    config._engine_cache_made = True
     _share_the_cores(config)
 
 
@@ -119,6 +120,8 @@ def pytest_sessionfinish(session, exitstatus):
         return
     if not whole_suite(list(config.args), config.option.keyword, config.option.markexpr):
         return
+    if not getattr(config.option, "numprocesses", None):
+        return       # -n 0: one process, not README's command's two workers
     limit = float(os.environ.get(SUITE_LIMIT_ENV, SUITE_LIMIT_S))
     message = over_limit(time.monotonic() - config._suite_started, limit, _seconds_by_group)
     if message is not None:

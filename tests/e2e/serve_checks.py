@@ -11,10 +11,10 @@ import urllib.request
 from pathlib import Path
 
 # A starting server is judged by its progress, not by a clock: it fails once its log has
-# not grown for STALL_S (a hung start) or after CAP_S in all; a loaded machine only
-# slows the lines down.
+# not grown for STALL_S (a hung start) or after CAP_S in all (a start that keeps logging
+# without coming up); a loaded machine only slows the lines down.
 STALL_S = 300.0
-CAP_S = 1800.0
+CAP_S = 900.0
 
 
 def complete(port: int, model: str, prompt: str, max_tokens: int) -> dict:

@@ -33,7 +33,9 @@ RANK_PRELOAD = ["torch", "torch.distributed", "vllm.distributed.parallel_state",
 
 def rank_context():
     """The multiprocessing context of the ranks: a fork server with ``RANK_PRELOAD``
-    imported (clean: it has run nothing; each rank a fresh fork of it)."""
+    imported (clean: it has run nothing; each rank a fresh fork of it). The ranks get the
+    fork server's environment, the test process's when it first started: a rank worker
+    sets what it needs itself (``os.environ`` in the worker), not the test before it."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("forkserver")

@@ -162,20 +162,22 @@ def test_packed_kv_and_rows_that_see_nothing(dtype):
 def test_kernel_runs_its_region_on_the_torch_thread_setting():
     """The kernel is built with threading and takes the thread setting: its parallel
     region runs one body per thread (counted in the region, so a busy machine, where one
-    thread may take every item, reads the same); one thread, one body (the control)."""
+    thread may take every item, reads the same), and the threads' shared work split gives
+    the reference's result; one thread, one body (the control). The test workers run one
+    thread each (tests/conftest.py), so this is the kernels' multi-threaded check."""
     old = torch.get_num_threads()
     q = torch.randn(64, 4, 64)
     k, v = torch.randn(64 * 128, 2, 64), torch.randn(64 * 128, 2, 64)
+    kw = dict(atten_mask=causal_mask_2048(), actual_seq_lengths=list(range(1, 65)),
+              actual_seq_lengths_kv=[128 * (i + 1) for i in range(64)], num_heads=4,
+              num_key_value_heads=2, scale=0.125, input_layout="TND", sparse_mode=3)
     seen = {}
     try:
         for n in (2, 1):
             torch.set_num_threads(n)
-            with _no_fallback(fia_mod, "fia_reference"):
-                fia_emulated(q, k, v, atten_mask=causal_mask_2048(), actual_seq_lengths=list(
-                    range(1, 65)), actual_seq_lengths_kv=[128 * (i + 1) for i in range(64)],
-                    num_heads=4, num_key_value_heads=2, scale=0.125, input_layout="TND",
-                    sparse_mode=3)
+            got, ref = _both(q, k, v, **kw)
             seen[n] = compiled.last_kernel_threads()
+            _assert_same(got, ref, torch.float32, False)
     finally:
         torch.set_num_threads(old)
     assert seen == {2: 2, 1: 1}

@@ -45,7 +45,8 @@ def _run(root: Path, limit: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.pop("E2E_ENGINE_CACHE", None)
     env.update(TESTS_SUITE_LIMIT_S=limit, PYTHONPATH=str(root))
-    return subprocess.run([sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
+    return subprocess.run([sys.executable, "-m", "pytest", "tests", "-q", "-n", "1", "-p",
+                           "no:cacheprovider"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=120)
 
 
