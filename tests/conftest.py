@@ -54,7 +54,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     per_file = engine_cache.read_starts(Path(folder), by=0)
     engines: dict[str, int] = {}
     for path, n in per_file.items():
-        engines[_group_of(path)] = engines.get(_group_of(path), 0) + n
+        group = _group_of(path)
+        engines[group] = engines.get(group, 0) + n
     if _seconds_by_group:
         terminalreporter.write_line("group | engines started | test seconds")
         for group, sec in sorted(_seconds_by_group.items(), key=lambda kv: -kv[1]):

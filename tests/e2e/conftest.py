@@ -89,13 +89,9 @@ def run_script(script: str, *args: str, emulate: bool, timeout: int = 600,
     asks for it, on either worker (``engine_cache.py``); ``fresh`` runs it again
     whatever ran before (a determinism check, the zygote's own tests)."""
     full_env = child_env(emulate, **env)
-    key = engine_cache.key(script, args, full_env)
-    result = None if fresh else engine_cache.CACHE.get(key)
-    if result is None:
-        with engine_cache.CACHE.computing(key, fresh) as slot:
-            result = slot.value if slot.value is not None else _result(
-                script, args, full_env, timeout)
-            slot.value = result
+    result = engine_cache.CACHE.get_or_compute(
+        engine_cache.key(script, args, full_env), fresh,
+        lambda: _result(script, args, full_env, timeout))
     if emulate:
         assert_npu_engine_path(result, env)
     return json.loads(json.dumps(result))   # each caller its own copy

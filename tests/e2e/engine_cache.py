@@ -8,7 +8,7 @@ controller in ``tests/conftest.py`` before the workers start, removed at the end
 JSON file per key, written under a file lock. The folder also collects the engine starts
 each run logged (vLLM's ``init engine`` line, one per engine core), which the run's
 summary reports (``tests/conftest.py``). Without the variable (a script run outside
-pytest) nothing is shared and starts are counted in memory.
+pytest) results are kept in the process only and starts are not recorded.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 ENV = "E2E_ENGINE_CACHE"
@@ -38,14 +39,9 @@ def engine_starts(text: str) -> int:
     return text.count(ENGINE_LINE)
 
 
-class _Slot:
-    value: dict | None = None
-
-
 class EngineCache:
     def __init__(self) -> None:
         self.memory: dict[str, dict] = {}
-        self.started: list[tuple[str, int]] = []
 
     @property
     def folder(self) -> Path | None:
@@ -60,35 +56,32 @@ class EngineCache:
             return self.memory[k]
         return None
 
-    @contextlib.contextmanager
-    def computing(self, k: str, fresh: bool):
-        """Held while ``k`` is computed: another worker asking for ``k`` waits, then reads
-        the result (``slot.value`` set on entry) unless ``fresh``."""
-        slot = _Slot()
+    def get_or_compute(self, k: str, fresh: bool, compute: Callable[[], dict]) -> dict:
+        """``k``'s result, ``compute()``d under ``k``'s file lock unless it is known (or
+        ``fresh``): another worker asking for ``k`` meanwhile waits, then reads it. A
+        ``compute`` that raises stores nothing."""
+        if not fresh and (known := self.get(k)) is not None:
+            return known
         folder = self.folder
-        lock = open(folder / f"{k}.lock", "w") if folder is not None else None
-        try:
-            if lock is not None:
+        with contextlib.ExitStack() as stack:
+            if folder is not None:
+                lock = stack.enter_context(open(folder / f"{k}.lock", "w"))
                 fcntl.flock(lock, fcntl.LOCK_EX)
-            if not fresh:
-                slot.value = self.get(k)
-            yield slot
-            if slot.value is not None:
-                self.memory[k] = slot.value
-                if folder is not None:
-                    tmp = folder / f"{k}.json.tmp"
-                    tmp.write_text(json.dumps(slot.value))
-                    os.replace(tmp, folder / f"{k}.json")
-        finally:
-            if lock is not None:
-                lock.close()
+            if not fresh and (known := self.get(k)) is not None:
+                return known        # computed by the other worker while this one waited
+            value = compute()
+            self.memory[k] = value
+            if folder is not None:
+                tmp = folder / f"{k}.json.tmp"
+                tmp.write_text(json.dumps(value))
+                os.replace(tmp, folder / f"{k}.json")
+            return value
 
     def count_starts(self, what: str, output: str) -> None:
         """Record the engines ``output`` started, under ``what`` (a script) and the test
         file that asked (pytest's ``PYTEST_CURRENT_TEST``)."""
         n = engine_starts(output)
         test = os.environ.get("PYTEST_CURRENT_TEST", "-").split("::", 1)[0]
-        self.started.append((what, n))
         if self.folder is not None and n:
             with open(self.folder / STARTS, "a") as f:
                 f.write(f"{test}\t{what}\t{n}\n")

@@ -30,13 +30,13 @@ def test_a_second_asker_waits_for_the_first_and_reads_its_result(tmp_path, monke
     first_in = threading.Event()
 
     def ask(name: str, cache: ec.EngineCache) -> None:
-        with cache.computing("k", fresh=False) as slot:
-            if slot.value is None:
-                first_in.set()
-                time.sleep(0.3)
-                computed.append(name)
-                slot.value = {"by": name}
-            seen[name] = slot.value
+        def compute() -> dict:
+            first_in.set()
+            time.sleep(0.3)
+            computed.append(name)
+            return {"by": name}
+
+        seen[name] = cache.get_or_compute("k", False, compute)
 
     a = threading.Thread(target=ask, args=("a", ec.EngineCache()))
     a.start()
@@ -45,8 +45,15 @@ def test_a_second_asker_waits_for_the_first_and_reads_its_result(tmp_path, monke
     a.join()
     assert computed == ["a"] and seen == {"a": {"by": "a"}, "b": {"by": "a"}}
     assert ec.EngineCache().get("k") == {"by": "a"}
-    with ec.EngineCache().computing("k", fresh=True) as slot:   # fresh: computed again
-        assert slot.value is None
+    again = ec.EngineCache().get_or_compute("k", True, lambda: {"by": "fresh"})
+    assert again == {"by": "fresh"}                              # fresh: computed again
+
+    def fails() -> dict:
+        raise RuntimeError("no RESULT")
+
+    with pytest.raises(RuntimeError):
+        ec.EngineCache().get_or_compute("other", False, fails)
+    assert ec.EngineCache().get("other") is None                 # a failure stores nothing
 
 
 def test_engine_starts_are_counted_from_vllms_line(tmp_path, monkeypatch):
