@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.ut.conftest import rank_context
+from tests.ut.conftest import spawn_ranks
 
 SIZES = [3, 1]             # uneven rows per rank (DP ranks with different batch sizes)
 
@@ -22,10 +22,10 @@ def _full(rank: int) -> torch.Tensor:
         sum(SIZES), 2, 3)
 
 
-def _worker(rank: int, store: str, queue) -> None:
+def _worker(rank: int, world: int, store: str, queue) -> None:
     from vllm_ascend_ext.distributed.communicator import AscendCommunicator
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     group = dist.group.WORLD
     comm = AscendCommunicator(group, torch.device("cpu"), group, unique_name="tp:0")
     out = {}
@@ -74,17 +74,8 @@ def _tensors(value):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     store = str(tmp_path_factory.mktemp("gloo") / "store")   # a file rendezvous: no port race
-    ctx = rank_context()
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, store, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = {rank: {k: _tensors(v) for k, v in out.items()}
-           for rank, out in (queue.get(timeout=120) for _ in procs)}
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return got
+    got = spawn_ranks(_worker, 2, store, timeout=120)
+    return {rank: {k: _tensors(v) for k, v in out.items()} for rank, out in got.items()}
 
 
 @pytest.mark.xdist_group("communicator")

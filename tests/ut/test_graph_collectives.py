@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.ut.conftest import rank_context
+from tests.ut.conftest import spawn_ranks
 
 SIZES = [3, 1]
 
@@ -41,11 +41,11 @@ def _capture_and_replay(rank: int, comm, group, rt, functional: bool) -> dict:
     return out
 
 
-def _worker(rank: int, store: str, queue) -> None:
+def _worker(rank: int, world: int, store: str, queue) -> None:
     from vllm_ascend_ext.distributed.communicator import AscendCommunicator
     from vllm_ascend_ext.emulation import cpu_npu
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     group = dist.group.WORLD
     comm = AscendCommunicator(group, torch.device("cpu"), group, unique_name="dp:0")
     rt = cpu_npu.make_runtime()
@@ -57,16 +57,7 @@ def _worker(rank: int, store: str, queue) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     store = str(tmp_path_factory.mktemp("gloo") / "store")
-    ctx = rank_context()
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, store, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(queue.get(timeout=600) for _ in procs)   # two imports of vLLM on a busy machine
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return got
+    return spawn_ranks(_worker, 2, store, timeout=600)
 
 
 @pytest.mark.xdist_group("graph_collectives")
