@@ -19,7 +19,7 @@ from setuptools import find_packages, setup
 EXT_NAME = "vllm_ascend_ext._C_ascend_ext"
 SOURCES = ["csrc/module.cpp", "csrc/registration.cpp", "csrc/mla_prolog_v3_k3.cpp",
            "csrc/gdn_ext.cpp", "csrc/emu_attention.cpp", "csrc/emu_attention_default.cpp",
-           "csrc/emu_gdn.cpp", "csrc/emu_kv_cache.cpp"]
+           "csrc/emu_gdn.cpp", "csrc/emu_kv_cache.cpp", "csrc/emu_layer_ops.cpp"]
 # The emulation kernels' vector paths: one source compiled per CPU capability (as ATen
 # does), the AVX2 + FMA one only on x86-64 and chosen at run time by CPUID.
 X86 = platform.machine().lower() in ("x86_64", "amd64")

@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "emu_attention.h"
+#include "emu_layer_ops.h"
 #include "gdn_ext.h"
 #include "mla_prolog_v3_k3.h"
 
@@ -41,6 +42,12 @@ TORCH_LIBRARY(_C_ascend_ext, m) {
   m.def(
       "emu_scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
       "Tensor(b!) value_cache, Tensor slot_mapping) -> ()");
+  m.def("emu_rms_norm(Tensor x, Tensor gamma, float epsilon) -> (Tensor, Tensor)");
+  m.def("emu_add_rms_norm(Tensor x1, Tensor x2, Tensor gamma, float epsilon) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "emu_rope(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, "
+      "bool neox) -> (Tensor, Tensor)");
+  m.def("emu_swiglu(Tensor x) -> Tensor");
   m.def("emu_last_threads() -> int", &ascend_ext_emu::emu_last_threads);
   m.def("emu_vector_path() -> str", &ascend_ext_emu::emu_vector_path);
 }
@@ -60,6 +67,10 @@ TORCH_LIBRARY_IMPL(_C_ascend_ext, CPU, m) {
   m.impl("emu_fused_infer_attention_score", &ascend_ext_emu::fia_emu_kernel);
   m.impl("emu_recurrent_gated_delta_rule", &ascend_ext_emu::gdr_emu_kernel);
   m.impl("emu_scatter_pa_kv_cache", &ascend_ext_emu::scatter_kv_emu_kernel);
+  m.impl("emu_rms_norm", &ascend_ext_emu::rms_norm_emu_kernel);
+  m.impl("emu_add_rms_norm", &ascend_ext_emu::add_rms_norm_emu_kernel);
+  m.impl("emu_rope", &ascend_ext_emu::rope_emu_kernel);
+  m.impl("emu_swiglu", &ascend_ext_emu::swiglu_emu_kernel);
 }
 
 // Shapes without data (torch.compile, contract mode): explicit, ahead of the composite.
@@ -67,6 +78,11 @@ TORCH_LIBRARY_IMPL(_C_ascend_ext, Meta, m) {
   m.impl("npu_mla_prolog_v3_k3", &ascend_ext_k3::mla_prolog_v3_k3_meta);
   m.impl("npu_causal_conv1d_ext", &ascend_ext_gdn::causal_conv1d_ext_meta);
   m.impl("npu_recurrent_gated_delta_rule_ext", &ascend_ext_gdn::recurrent_gdr_ext_meta);
+  // the layer-op emulation kernels run inside a compiled model's trace
+  m.impl("emu_rms_norm", &ascend_ext_emu::rms_norm_emu_meta);
+  m.impl("emu_add_rms_norm", &ascend_ext_emu::add_rms_norm_emu_meta);
+  m.impl("emu_rope", &ascend_ext_emu::rope_emu_meta);
+  m.impl("emu_swiglu", &ascend_ext_emu::swiglu_emu_meta);
 }
 
 #ifdef ASCEND_EXT_WITH_NPU

@@ -34,6 +34,7 @@ import torch
 
 from vllm_ascend_ext.emulation import cpu_npu_graph
 from vllm_ascend_ext.emulation.cpu_npu_graph import CpuGraph, GraphCaptureError
+from vllm_ascend_ext.ops import _ext
 from vllm_ascend_ext.platform.npu import AscendNPUPlatform
 
 NAME = "cpu-npu-stand-in"
@@ -212,8 +213,11 @@ def offset_generators(generators: dict, requests: dict, req_ids: list) -> None:
 def make_runtime() -> types.ModuleType:
     """A fresh stand-in ``torch.npu`` (one per worker process). Bringing it up installs
     its graph recorder's kernel wrapper into the operators' dispatch
-    (``cpu_npu_graph.install``), before any operator of the process runs on it."""
+    (``cpu_npu_graph.install``) and loads the compiled emulation kernels (which a compiled
+    model's trace then takes: ``ops/compiled.emulation_kernel``), before any operator of
+    the process runs on it."""
     cpu_npu_graph.install()
+    _ext.load()
     rt = types.ModuleType("torch_npu_cpu_stand_in")
     rt.__stand_in__ = NAME
     memory = Memory()

@@ -19,7 +19,10 @@ never reach the dispatcher, so those stay invisible here. A group of calls brack
 ``update_end`` replaces its calls with the ones issued in between. An NPU operator
 called through ``ops/_dispatch.pick`` is one recorded kernel (``as_kernel``, which the
 stand-in runtime installs into the dispatch when it is brought up: ``install``): its
-Python reference re-runs whole at replay, with the Python arguments of its capture.
+Python reference re-runs whole at replay, with the Python arguments of its capture. An
+update re-issues a task without running it, as torch_npu's does: its NPU operators run
+their shape-only implementation there (the operator's argument checks, outputs without
+data) and compute at the next replay.
 
 Compiled code must dispatch its operators for capture to see them: the emulated
 platform compiles with Dynamo's eager backend when it captures graphs.
@@ -114,6 +117,7 @@ class _Call:
     kwargs: dict
     copy_into: list          # the capture's output tensors, refilled on replay (functional)
     inputs: frozenset = frozenset()   # kernel calls: input storages (aliasing outputs skipped)
+    collective: bool = False          # a process-group collective (``is_collective``)
 
 
 @dataclass
@@ -124,7 +128,7 @@ class TaskHandle:
 
     def begin_update(self) -> _Recorder:
         """Record the calls that will replace this task's (``graph_task_update_begin``)."""
-        recorder = _Recorder([], "a graph-task update")
+        recorder = _Recorder([], "a graph-task update", defers_kernels=True)
         recorder.__enter__()
         return recorder
 
@@ -204,9 +208,20 @@ def _writes(func) -> bool:
 
 
 def _storages(tree) -> set:
-    flat, _ = tree_flatten(tree)
-    return {t.untyped_storage().data_ptr() for t in flat
-            if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+    """The storages of the tensors in ``tree`` (nested tuples, lists and dicts: an
+    operator's arguments or results)."""
+    found: set = set()
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if item.device.type != "meta":
+                found.add(item.untyped_storage().data_ptr())
+        elif isinstance(item, (tuple, list)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return found
 
 
 def _has_bool_index(func, args) -> bool:
@@ -227,19 +242,27 @@ def install() -> None:
     _dispatch.install_kernel_wrapper(as_kernel)
 
 
-def as_kernel(impl):
+def as_kernel(impl, meta=None):
     """An NPU operator's implementation as called by the plugin (``ops/_dispatch.pick``):
     while a stand-in graph is being captured or updated, one call is recorded as one
     kernel (its Python reference runs unrecorded, and again, whole, at every replay),
-    as the NPU records the torch_npu kernel; otherwise ``impl`` itself."""
+    as the NPU records the torch_npu kernel; otherwise ``impl`` itself. In an update the
+    call runs ``meta`` (its checks, outputs without data) instead: the kernel computes at
+    replay."""
     if not _ACTIVE:
         return impl
-    return functools.partial(_kernel_call, _ACTIVE[-1], impl)
+    return functools.partial(_kernel_call, _ACTIVE[-1], impl, meta)
 
 
-def _kernel_call(recorder, impl, *args, **kwargs):
+def _kernel_call(recorder, impl, meta, *args, **kwargs):
+    out = None
     with _disable_current_modes():
-        out = impl(*args, **kwargs)
+        if recorder.defers_kernels and meta is not None:
+            out = meta(*args, **kwargs)
+            if any(t.device.type == "meta" for t in _tensors(out)):
+                out = None   # a meta on the meta device: no buffers to refill, run it
+        if out is None:
+            out = impl(*args, **kwargs)
     inputs = frozenset(_storages((args, kwargs)))
     # outputs that are (views of) its inputs are rewritten by the re-run itself
     declared = tuple((var, var.get()) for var in kernel_context())
@@ -266,6 +289,8 @@ class _InContext:
     declared: tuple
 
     def __call__(self, *args, **kwargs):
+        if all(var.get() is value for var, value in self.declared):
+            return self.impl(*args, **kwargs)   # the replay's context already declares them
         return contextvars.copy_context().run(self._run, args, kwargs)
 
     def _run(self, args, kwargs):
@@ -274,18 +299,32 @@ class _InContext:
         return self.impl(*args, **kwargs)
 
 
+def _tensors(tree) -> list:
+    """The tensors of ``tree`` (nested tuples, lists and dicts), in order."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        tree = tuple(tree.values())
+    if not isinstance(tree, (tuple, list)):
+        return []
+    found = []
+    for item in tree:
+        found.extend(_tensors(item))
+    return found
+
+
 def _fresh(out, inputs) -> list:
-    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
-            and t.untyped_storage().data_ptr() not in inputs]
+    return [t for t in _tensors(out) if t.untyped_storage().data_ptr() not in inputs]
 
 
 class _Recorder(TorchDispatchMode):
     """Runs every call as usual and appends it to ``sink`` (a list)."""
 
-    def __init__(self, sink: list, what: str):
+    def __init__(self, sink: list, what: str, defers_kernels: bool = False):
         super().__init__()
         self.sink = sink
         self.what = what
+        self.defers_kernels = defers_kernels   # an update: NPU operators run at replay
 
     def __enter__(self):
         _ACTIVE.append(self)
@@ -312,6 +351,8 @@ class _Recorder(TorchDispatchMode):
         if func in NO_DATA:
             return out
         writes, inputs = _writes(func), frozenset(_storages((args, kwargs)))
+        if not writes and not _tensors(out):
+            return out   # host values only (``sym_size``): nothing for the device to re-run
         if not writes and _storages(out) & inputs:
             # a view, or an op that returned its input (``to`` to the same dtype,
             # weak_ref_tensor): aliases what the graph already has
@@ -328,7 +369,7 @@ class _Recorder(TorchDispatchMode):
         mark as written, are rewritten by its re-run at replay."""
         out = _run_collective(func, args, kwargs)
         inputs = frozenset(_storages((args, kwargs)))
-        self.sink.append(_Call(func, args, kwargs, _fresh(out, inputs), inputs))
+        self.sink.append(_Call(func, args, kwargs, _fresh(out, inputs), inputs, collective=True))
         return _completed(out)
 
 
@@ -376,12 +417,17 @@ class CpuGraph:
                 item.run()
                 continue
             for call in (item.calls if isinstance(item, TaskHandle) else (item,)):
-                if is_collective(call.func):
+                if call.collective:
                     result = _run_collective(call.func, call.args, call.kwargs)
                 else:
                     result = call.func(*call.args, **call.kwargs)
-                if call.copy_into:
-                    for dst, src in zip(call.copy_into, _fresh(result, call.inputs)):
+                into = call.copy_into
+                if not into:
+                    continue
+                if len(into) == 1 and not call.inputs and isinstance(result, torch.Tensor):
+                    into[0].copy_(result)   # a functional op's one result
+                else:
+                    for dst, src in zip(into, _fresh(result, call.inputs)):
                         dst.copy_(src)
         self.replays += 1
 

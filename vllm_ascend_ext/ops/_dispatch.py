@@ -33,7 +33,7 @@ from vllm_ascend_ext.errors import AscendExtError
 _STAND_IN: list[Callable[[], Any]] = []
 # What wraps the implementation a CPU call gets (at most one), installed by the emulated
 # NPU runtime: ``impl -> what the call site calls``.
-_KERNEL_WRAPPER: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = []
+_KERNEL_WRAPPER: list[Callable[..., Callable[..., Any]]] = []
 
 
 def install_stand_in(provider: Callable[[], Any]) -> None:
@@ -42,9 +42,10 @@ def install_stand_in(provider: Callable[[], Any]) -> None:
     _STAND_IN[:] = [provider]
 
 
-def install_kernel_wrapper(wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Make ``wrapper(impl)`` what ``pick`` returns for CPU tensors instead of ``impl``
-    (replaces an earlier one; idempotent)."""
+def install_kernel_wrapper(wrapper: Callable[..., Callable[..., Any]]) -> None:
+    """Make ``wrapper(impl, meta)`` what ``pick`` returns for CPU tensors instead of
+    ``impl`` (``meta``: the operator's shape-only implementation; replaces an earlier
+    one; idempotent)."""
     _KERNEL_WRAPPER[:] = [wrapper]
 
 
@@ -77,4 +78,4 @@ def pick(
         return npu
     impl = npu if torch_npu_op and envs.npu_contract() else reference
     # Emulated decode graphs: one operator call is one recorded kernel (install_kernel_wrapper)
-    return _KERNEL_WRAPPER[0](impl) if _KERNEL_WRAPPER else impl
+    return _KERNEL_WRAPPER[0](impl, meta) if _KERNEL_WRAPPER else impl

@@ -30,6 +30,11 @@ def load() -> bool:
     return _state["loaded"]
 
 
+def loaded() -> bool:
+    """Whether the library is loaded, without trying to load it."""
+    return _state.get("loaded", False)
+
+
 def report_if_missing() -> bool:
     """At plugin start: warn (once per process) when the library was not built.
 

@@ -19,10 +19,12 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops._dispatch import torch_npu_module
+from vllm_ascend_ext.ops.compiled import LAYER_KERNEL_DTYPES, emulation_kernel, trailing_contiguous
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.op_record import NpuOp
 
 OP = "npu_add_rms_norm"
+KERNEL = "emu_add_rms_norm"
 
 
 def _check(x1, x2, gamma) -> tuple[int, ...]:
@@ -49,6 +51,17 @@ def add_rms_norm_reference(x1, x2, gamma, epsilon=1e-6):
     return y.to(x1.dtype), rstd, x.to(x1.dtype)
 
 
+def add_rms_norm_emulated(x1, x2, gamma, epsilon=1e-6):
+    """The compiled kernel (``csrc/emu_layer_ops.cpp``: the fp32 add, its normalisation and
+    both roundings in one pass per row) after the reference's checks, or the reference."""
+    _check(x1, x2, gamma)
+    kernel = emulation_kernel(KERNEL, x1.device)
+    if kernel is None or x1.dtype not in LAYER_KERNEL_DTYPES or not (
+            trailing_contiguous(x1, gamma.dim()) and trailing_contiguous(x2, gamma.dim())):
+        return add_rms_norm_reference(x1, x2, gamma, epsilon)
+    return kernel(x1, x2, gamma, epsilon)
+
+
 def add_rms_norm_meta(x1, x2, gamma, epsilon=1e-6):
     dims = _check(x1, x2, gamma)
     shape = [1 if i in dims else s for i, s in enumerate(x1.shape)]
@@ -67,4 +80,4 @@ def npu_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor,
 
 
 ADD_RMS_NORM = NpuOp(OP, npu=add_rms_norm_npu, reference=add_rms_norm_reference,
-                     meta=add_rms_norm_meta)
+                     meta=add_rms_norm_meta, emulation=add_rms_norm_emulated, kernel=KERNEL)

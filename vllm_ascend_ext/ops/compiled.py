@@ -18,10 +18,28 @@ from vllm_ascend_ext.ops import _ext
 
 
 def emulation_kernel(name: str, device: torch.device) -> Callable[..., Any] | None:
-    """``torch.ops._C_ascend_ext.<name>``, or None where the Python reference must run."""
-    if device.type != "cpu" or envs.python_reference_forced() or not _ext.load():
+    """``torch.ops._C_ascend_ext.<name>``, or None where the Python reference must run.
+    Inside a compiled model's trace the library is not imported (Dynamo cannot trace an
+    import): the emulated device's runtime loads it when it is brought up."""
+    if device.type != "cpu" or envs.python_reference_forced():
+        return None
+    if not (_ext.loaded() if torch.compiler.is_compiling() else _ext.load()):
         return None
     return getattr(getattr(torch.ops, _ext.NAMESPACE), name, None)
+
+
+# dtypes the layer-op kernels (``csrc/emu_layer_ops.cpp``) compute
+LAYER_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def trailing_contiguous(t: torch.Tensor, dims: int) -> bool:
+    """Whether ``t``'s last ``dims`` dims are contiguous (its outer dims may be strided)."""
+    expect = 1
+    for size, stride in zip(reversed(t.shape[t.dim() - dims:]), reversed(t.stride()[t.dim() - dims:])):
+        if size != 1 and stride != expect:
+            return False
+        expect *= size
+    return True
 
 
 def vector_path() -> str | None:

@@ -31,10 +31,12 @@ import contextvars
 import torch
 
 from vllm_ascend_ext.ops._dispatch import torch_npu_module
+from vllm_ascend_ext.ops.compiled import LAYER_KERNEL_DTYPES, emulation_kernel
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.op_record import NpuOp
 
 GMM_OP, SWIGLU_OP = "npu_grouped_matmul", "npu_swiglu"
+SWIGLU_KERNEL = "emu_swiglu"
 MAX_GROUPS = 1024
 # ``output_dtype`` of the Tensor overload is an int: c10's ScalarType number (the wheel's
 # Meta kernels map it back with TORCH_DTYPE_ENUM_VALUE_TO_SCALAR_TYPE_MAP).
@@ -203,6 +205,17 @@ def swiglu_reference(x, dim=-1):
     return (torch.nn.functional.silu(a) * b).to(x.dtype)
 
 
+def swiglu_emulated(x, dim=-1):
+    """The compiled kernel (``csrc/emu_layer_ops.cpp``: one pass, the reference's working
+    precision, one rounding) over the last dim of a contiguous ``x``; else the reference."""
+    _check_swiglu(x, dim)
+    kernel = emulation_kernel(SWIGLU_KERNEL, x.device)
+    if (kernel is None or dim not in (-1, x.dim() - 1) or x.dtype not in LAYER_KERNEL_DTYPES
+            or not x.is_contiguous()):
+        return swiglu_reference(x, dim)
+    return kernel(x)
+
+
 def swiglu_meta(x, dim=-1):
     _check_swiglu(x, dim)
     shape = list(x.shape)
@@ -221,4 +234,4 @@ def npu_swiglu(x: torch.Tensor, dim: int = -1):
 
 
 SWIGLU = NpuOp(SWIGLU_OP, npu=swiglu_npu, reference=swiglu_reference, meta=swiglu_meta,
-               rules="MOE_RULES")
+               emulation=swiglu_emulated, kernel=SWIGLU_KERNEL, rules="MOE_RULES")

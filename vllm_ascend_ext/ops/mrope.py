@@ -19,10 +19,14 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops._dispatch import torch_npu_module
+from vllm_ascend_ext.ops.compiled import LAYER_KERNEL_DTYPES, emulation_kernel
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.op_record import NpuOp
 
 OP = "npu_mrope"
+KERNEL = "emu_rope"
+# float64 stays on the reference, which rounds the pass-through elements through fp32
+ROPE_KERNEL_DTYPES = tuple(d for d in LAYER_KERNEL_DTYPES if d != torch.float64)
 ROTARY_MODES = ("half", "interleave")
 
 
@@ -77,6 +81,25 @@ def mrope_reference(positions, query, key, cos_sin_cache, head_size, *, mrope_se
             rotate(key, cos, sin, rotary_mode, head_size).to(key.dtype))
 
 
+def mrope_emulated(positions, query, key, cos_sin_cache, head_size, *, mrope_section=None,
+                   rotary_mode="half", cache_mode="default"):
+    """The compiled kernel (``csrc/emu_layer_ops.cpp``: the rows of the positions gathered
+    and every head rotated in one pass, fp32, one rounding) after the reference's checks,
+    or the reference (the cases the kernel does not take, and every refused argument)."""
+    _check(positions, query, key, cos_sin_cache, head_size, rotary_mode)
+    kernel = emulation_kernel(KERNEL, query.device)
+    if (kernel is None or (mrope_section is not None and any(mrope_section))
+            or cache_mode != "default" or query.dtype not in ROPE_KERNEL_DTYPES
+            or not query.dtype == key.dtype == cos_sin_cache.dtype
+            or positions.dtype not in (torch.int32, torch.int64)
+            or query.stride(1) != 1 or key.stride(1) != 1 or cos_sin_cache.stride(1) != 1):
+        return mrope_reference(positions, query, key, cos_sin_cache, head_size,
+                               mrope_section=mrope_section, rotary_mode=rotary_mode,
+                               cache_mode=cache_mode)
+    return kernel(positions.contiguous(), query, key, cos_sin_cache, head_size,
+                  rotary_mode == "half")
+
+
 def mrope_meta(positions, query, key, cos_sin_cache, head_size, *, mrope_section=None,
                rotary_mode="half", cache_mode="default"):
     _check(positions, query, key, cos_sin_cache, head_size, rotary_mode)
@@ -101,4 +124,4 @@ def npu_mrope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
 
 
 MROPE = NpuOp(OP, npu=mrope_npu, reference=mrope_reference, meta=mrope_meta,
-              rules="LAYER_OP_RULES")
+              emulation=mrope_emulated, kernel=KERNEL, rules="LAYER_OP_RULES")

@@ -15,10 +15,12 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops._dispatch import torch_npu_module
+from vllm_ascend_ext.ops.compiled import LAYER_KERNEL_DTYPES, emulation_kernel, trailing_contiguous
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.op_record import NpuOp
 
 OP = "npu_rms_norm"
+KERNEL = "emu_rms_norm"
 
 
 def rms_fp32(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
@@ -47,6 +49,23 @@ def rms_norm_reference(x, gamma, epsilon=1e-6):
     return (xf * rstd * gamma.float()).to(x.dtype), rstd
 
 
+def _kernel_for(x, gamma):
+    """The compiled kernel (``csrc/emu_layer_ops.cpp``) where it takes these tensors."""
+    if x.dtype not in LAYER_KERNEL_DTYPES or not trailing_contiguous(x, gamma.dim()):
+        return None
+    return emulation_kernel(KERNEL, x.device)
+
+
+def rms_norm_emulated(x, gamma, epsilon=1e-6):
+    """The emulation's RmsNorm: the compiled kernel after the reference's checks (one
+    pass per row, fp32, one rounding), or the reference itself."""
+    _check(x, gamma)
+    kernel = _kernel_for(x, gamma)
+    if kernel is None:
+        return rms_norm_reference(x, gamma, epsilon)
+    return kernel(x, gamma, epsilon)
+
+
 def rms_norm_meta(x, gamma, epsilon=1e-6):
     dims = _check(x, gamma)
     shape = [1 if i in dims else s for i, s in enumerate(x.shape)]
@@ -64,7 +83,7 @@ def npu_rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6):
 
 
 RMS_NORM = NpuOp(OP, npu=rms_norm_npu, reference=rms_norm_reference, meta=rms_norm_meta,
-                 rules="NORM_QUANT_RULES")
+                 emulation=rms_norm_emulated, kernel=KERNEL, rules="NORM_QUANT_RULES")
 
 GEMMA_OP = "npu_gemma_rms_norm"
 
@@ -74,6 +93,16 @@ def gemma_rms_norm_reference(x, gamma, epsilon=1e-6):
     xf = x.float()
     rstd = torch.rsqrt(xf.pow(2).mean(dim=dims, keepdim=True) + epsilon)
     return (xf * rstd * (1.0 + gamma.float())).to(x.dtype), rstd
+
+
+def gemma_rms_norm_emulated(x, gamma, epsilon=1e-6):
+    """The Gemma norm on the RmsNorm kernel, its scale ``1 + gamma`` formed in fp32 as the
+    reference forms it; or the reference itself."""
+    _check(x, gamma)
+    kernel = _kernel_for(x, gamma)
+    if kernel is None:
+        return gemma_rms_norm_reference(x, gamma, epsilon)
+    return kernel(x, 1.0 + gamma.float(), epsilon)
 
 
 def gemma_rms_norm_npu(x, gamma, epsilon=1e-6):
@@ -87,4 +116,5 @@ def npu_gemma_rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e
 
 
 GEMMA_RMS_NORM = NpuOp(GEMMA_OP, npu=gemma_rms_norm_npu, reference=gemma_rms_norm_reference,
-                       meta=rms_norm_meta, rules="LAYER_OP_RULES")
+                       meta=rms_norm_meta, emulation=gemma_rms_norm_emulated, kernel=KERNEL,
+                       rules="LAYER_OP_RULES")
