@@ -58,7 +58,7 @@ class AscendExtConfig:
     moe_dispatch: str = "auto"
 
 
-# One schema drives parsing, errors and the README table (tests/ut/test_readme_ci.py): key -> (type, choices, doc).
+# One schema drives parsing, errors and the README table (tests/ut/suite/test_readme_ci.py): key -> (type, choices, doc).
 _SCHEMA: dict[str, dict[str, tuple[type, tuple[str, ...] | None, str]]] = {
     "": {
         "mixed_split": (str, MIXED_SPLIT_CHOICES, "split mixed prefill/decode steps"),

@@ -98,7 +98,7 @@ EMU_ISA = "ASCEND_EXT_EMU_ISA"              # csrc/emu_attention.cpp
 ORACLE_WHEEL = "ASCEND_EXT_ORACLE_WHEEL"    # contract/oracle.py
 
 # Every variable a user may set -> what it means (README's table is this one, checked by
-# tests/ut/test_readme_ci.py). Internal ones (the serve supervisor's report pipe) and the
+# tests/ut/suite/test_readme_ci.py). Internal ones (the serve supervisor's report pipe) and the
 # build's (setup.py, docs/operators.md) are not listed.
 DOCUMENTED: dict[str, str] = {
     EMULATE: "`1` selects the emulated platform; any value other than "

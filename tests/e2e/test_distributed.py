@@ -97,9 +97,9 @@ def test_tp2_ep2_without_dp_splits_the_tokens_through_all_to_all_and_equals_one_
 
     The same greedy tokens as one rank, logprobs within fp32 noise (measured 3.3e-6 DSA,
     6.3e-6 Qwen MoE). Negative controls, at their seams: the exchange planned with the
-    expert maps rolled by one rank (``test_alltoall_dispatch.py::test_a_wrong_placement_
+    expert maps rolled by one rank (``tests/ut/moe/test_alltoall_dispatch.py::test_a_wrong_placement_
     changes_the_output``; end to end under DP below), the layers' kernel reporting its
-    output unreduced (``test_tp_split.py::test_vllms_runner_all_reduces_only_the_shared_
+    output unreduced (``tests/ut/moe/test_tp_split.py::test_vllms_runner_all_reduces_only_the_shared_
     experts_of_a_split_layer``)."""
     one = reference(model)
     layers = {"dsa": 1, "qwen-moe": 2}[model]
@@ -248,7 +248,7 @@ def test_dp2_negative_control_changes_the_tokens(reference):
     """Negative control of the DP runs above: each rank keeps its own slice of the partial
     expert outputs without the other rank's share (Qwen MoE, DP2). A rank computing with
     another rank's expert shard is shown at its seam
-    (``test_expert_parallel.py::test_a_rank_with_another_ranks_shard_is_wrong``)."""
+    (``tests/ut/moe/test_expert_parallel.py::test_a_rank_with_another_ranks_shard_is_wrong``)."""
     broken = run_script("run_dp.py", "--dp", "2", "--model", "qwen-moe", "--drop-combine-sum",
                         emulate=True)
     assert broken["tokens"] != reference("qwen-moe")["tokens"]

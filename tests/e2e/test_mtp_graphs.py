@@ -93,7 +93,7 @@ def test_bfloat16_mtp_graphs_under_contract_mode(mtp):
 
 
 # A replay without the FIA task update (the update skipped) waits on the task's event: the
-# engine-level control is test_engine_path.py's, its seam's test_fia_graph_tasks.py's.
+# engine-level control is test_engine_path.py's, its seam's tests/ut/attention/fia/test_fia_graph_tasks.py's.
 
 
 def test_negative_control_a_replay_update_reading_one_position_too_far(mtp):

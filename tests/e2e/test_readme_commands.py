@@ -40,7 +40,7 @@ IN_FLIGHT, IN_FLIGHT_TOKENS = 4, 48
 
 def _steps() -> list[list[rb.Block]]:
     """One step per RUN, FAILS or SERVER block of every file, a server's clients with it
-    (a client always follows its server in the same file: tests/ut/test_readme_ci.py)."""
+    (a client always follows its server in the same file: tests/ut/suite/test_readme_ci.py)."""
     steps: list[list[rb.Block]] = []
     for path in rb.doc_files():
         server: list[rb.Block] | None = None

@@ -76,7 +76,7 @@ def test_negative_controls_change_the_result(dsa):
     assert broken["tokens"] != base["tokens"] and max_logprob_gap(base, broken) > 0.1
     dense = dsa(*CHUNKED, "--dense-topk")            # every visible key: sparsity matters here
     assert dense["tokens"] != base["tokens"] and max_logprob_gap(base, dense) > 0.1
-    # experts chosen without the routing bias: at its seam, test_moe_method.py::
+    # experts chosen without the routing bias: at its seam, tests/ut/moe/test_moe_method.py::
     # test_ignoring_the_bias_or_the_groups_changes_the_routing
 
 
@@ -107,7 +107,7 @@ def test_w8a8_dense_layer_fuses_its_norm_with_the_mlp_quantization(dsa):
     output gate_up_proj consumes, and the W8A8 MLPs' activation as one
     npu_dequant_swiglu_quant; against vLLM's native layer ops (the path checked against
     dense math above, in fp32) the first greedy tokens are the same. Its accuracy is checked
-    against independent math in tests/ut/test_norm_quant.py: this tiny random W8A8 model is
+    against independent math in tests/ut/layers/test_norm_quant.py: this tiny random W8A8 model is
     chaotic in bf16 (two bf16 runs of equal quality part ways over 8 tokens, and both leave
     fp32's tokens by the third; a one-step change of an int8 rounding moves a logprob by
     up to ~0.9 here), so only a broken route (garbage tokens) fails the bound below."""

@@ -36,7 +36,7 @@ capturing stream is recorded into the aclgraph like any other kernel and replaye
 same buffers. So this class derives from vLLM's ``XpuCommunicator`` (the communicator
 whose capture needs nothing) and defines every method that class defines, each with the
 base class's or its own semantics: nothing of XPU's runs here
-(``tests/ut/test_communicator.py`` holds that against vLLM's class).
+(``tests/ut/distributed/test_communicator.py`` holds that against vLLM's class).
 """
 
 from __future__ import annotations

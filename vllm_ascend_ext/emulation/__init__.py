@@ -9,6 +9,6 @@
 * ``kv_budget`` and ``allocator``: the KV-cache size and the host allocator of a shared CPU.
 
 The production path (``platform``, ``worker``, ``attention``, ``moe``, ``ops``, ...)
-imports nothing from here (``tests/ut/test_emulation_boundary.py``); the device runtime
+imports nothing from here (``tests/ut/emulation/test_emulation_boundary.py``); the device runtime
 offers the layers its kernels through one registry (``worker/npu_device.py``).
 """

@@ -44,7 +44,7 @@ WORKER_CLS = "vllm_ascend_ext.emulation.npu_worker.EmulatedNPUWorker"
 STAND_IN_DEVICE = "Ascend stand-in (CPU)"
 
 # Every member the emulated platform answers differently from the NPU platform, and why:
-# the named exceptions (tests/ut/test_platform_conformance.py holds the class to this
+# the named exceptions (tests/ut/platform/test_platform_conformance.py holds the class to this
 # table; ``doctor`` prints it under emulation). Everything else is the NPU platform's.
 EXCEPTIONS = {
     "device_name": "the torch device is the CPU",

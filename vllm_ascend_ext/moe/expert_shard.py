@@ -25,7 +25,7 @@ and the grouped matmuls run on local slots, kept within what torch-npu 2.13 docu
   foreign pairs add zero whatever their routing weights.
 
 Six calls per layer more than a rank with every expert (the id gather; the group slice;
-sum, arange, compare, where: counted in ``tests/ut/test_expert_parallel.py``), all on the
+sum, arange, compare, where: counted in ``tests/ut/moe/test_expert_parallel.py``), all on the
 device, no host read. Tokens routed to other ranks' experts contribute nothing here; vLLM
 sums the ranks' partial outputs (its all-reduce, or the DP / sequence-parallel combine
 through the plugin's communicator) as for its own EP kernels.

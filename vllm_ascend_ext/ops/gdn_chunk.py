@@ -20,7 +20,7 @@ chunks, parallel within one). Writing ``G_t`` for the running sum of ``g`` insid
 so ``(I + A) U = beta (V - e^G K S0^T)`` with ``A`` strictly lower triangular, solved by
 a unit-triangular solve; then ``O = e^G Q S0^T + (decay * Q K^T)_{j<=t} U`` and the chunk's
 final state ``e^{G_C} S0 + U^T e^{G_C - G} K``. It equals the token-by-token recurrence
-(tests/ut/test_gdn_ops.py, float64). It reads ``actual_seq_lengths`` on the host, as the
+(tests/ut/ops/test_gdn_ops.py, float64). It reads ``actual_seq_lengths`` on the host, as the
 kernel does on the device; on an NPU it never runs.
 """
 

@@ -3,7 +3,7 @@
 vLLM's base ``Platform`` raises ``NotImplementedError`` for a few hooks a device platform
 must define; the NPU platform leaves four undefined because only an opt-in vLLM feature
 calls them, and each such feature is refused before serving starts, naming the option
-(``refuse``; ``tests/ut/test_platform_conformance.py`` holds every hook vLLM 0.32 calls to
+(``refuse``; ``tests/ut/platform/test_platform_conformance.py`` holds every hook vLLM 0.32 calls to
 an answer). Expert load balancing and elastic EP, which reach
 ``stateless_init_device_torch_dist_pg`` through vLLM's stateless groups, are refused with
 the MoE refusals (``config_hooks.refuse_expert_parallel``).

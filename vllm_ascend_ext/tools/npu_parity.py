@@ -7,7 +7,7 @@ inputs are what the engine passes: vLLM's per-layer ``[num_blocks, KV_N, block_s
 separate latent / rope / indexer-key caches, FRACTAL_NZ prolog weights, bf16.
 
 Used by ``tests/npu`` (the parity suite the nightly runs first, parametrized; skipped
-without an NPU), by its dry run on a CPU (``tests/ut/test_npu_parity_dry_run.py``:
+without an NPU), by its dry run on a CPU (``tests/ut/tools/test_npu_parity_dry_run.py``:
 ``_npu`` is the identity and contract mode stands in for torch_npu), and by
 ``doctor --smoke`` on an NPU host (``SMOKE``: one case per operator).
 """

@@ -10,7 +10,7 @@ host: sizes come from the launch's integer arguments and the tensors' shapes. A 
 grid size that is not among its arguments is the output's length (``out_slot_mapping``
 of the autoregressive step, padded for graphs) or the request count
 (``query_end_loc``, ``query_start_loc``). Semantics, read from the kernels, are written
-out as loops in ``tests/ut/test_drafter_substitutes.py``.
+out as loops in ``tests/ut/worker/test_drafter_substitutes.py``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ working triton-ascend the originals are placeholders that fail on the first step
 NPU platform registers the substitutes below: device-generic torch, no host sync, the
 kernels' own argument order. Every kernel the CPU platform overrides is either
 substituted here (``SUBSTITUTES``) or kept off the NPU path (``UNREACHED``, each with
-the check that keeps it off); ``tests/ut/test_kernel_substitutes.py`` holds vLLM's list
+the check that keeps it off); ``tests/ut/worker/test_kernel_substitutes.py`` holds vLLM's list
 to that. ``batch_memcpy_kernel`` (hybrid prefix caching's state copies) takes the
 address lists the NPU runner keeps on the host (``worker/mamba_state_copy.py``); the
 drafters' (EAGLE, MTP, DFlash) input kernels live in ``worker/drafter_substitutes.py``. Outside

@@ -11,7 +11,7 @@ the device in two ways:
   runner does for ``torch.xpu`` (``v1/worker/xpu_model_runner.py``). Every other
   ``torch.cuda`` name those classes reach sits on a path the NPU platform keeps off
   (``CUDA_UNREACHED``), or is a device-generic alias (``CUDA_ALIASES``).
-  ``tests/ut/test_npu_worker_api.py`` walks vLLM's classes and holds both tables to that.
+  ``tests/ut/worker/test_npu_worker_api.py`` walks vLLM's classes and holds both tables to that.
 
 The device module is ``torch.npu`` (importing torch_npu registers it); a stand-in device
 (tests; an NVIDIA GPU in the device check) passes its own module with the same names.

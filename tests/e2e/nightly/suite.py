@@ -102,7 +102,7 @@ class Run:
         return "pass", detail
 
     def parity(self):
-        target = "tests/ut/test_npu_parity_dry_run.py" if self.dry else "tests/npu"
+        target = "tests/ut/tools/test_npu_parity_dry_run.py" if self.dry else "tests/npu"
         proc = self.sh("parity", [sys.executable, "-m", "pytest", target, "-q",
                                   "-p", "no:cacheprovider"])
         summary = (proc.stdout.strip().splitlines() or ["no output"])[-1]

@@ -22,7 +22,7 @@ buffers, rewritten in place each step (``builder.py``); only the host lists chan
 ``FiaGraphTasks`` holds the tasks of every captured graph, keyed by vLLM's batch
 descriptor of that graph; the device module (``torch.npu``) and the ``.out`` / workspace
 callables are passed in, so the same code runs against a stand-in on a CPU
-(``tests/ut/test_fia_graph_tasks.py``).
+(``tests/ut/attention/fia/test_fia_graph_tasks.py``).
 """
 
 from __future__ import annotations
