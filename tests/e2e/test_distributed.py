@@ -17,6 +17,7 @@ import pytest
 
 from tests.e2e.conftest import REPO, child_env, max_logprob_gap, run_script
 from tests.e2e.dp_prompts import MAX_TOKENS
+from tests.e2e.nightly.suite import TOL
 from tests.e2e.serve_checks import (
     complete,
     first_traceback,
@@ -25,6 +26,8 @@ from tests.e2e.serve_checks import (
     tails,
     wait_healthy,
 )
+
+W8A8_DP_GAP = TOL["cpu_w8a8_dp"]
 
 pytestmark = pytest.mark.e2e
 
@@ -216,7 +219,12 @@ def test_dp2_ep2_with_mtp_equals_one_engine(reference, tmp_path):
     assert [r["expert_shard"] for r in two["ranks"]] == ["experts [0, 2) of 4",
                                                          "experts [2, 4) of 4"]
     assert two["tokens"] == one["tokens"]
-    assert max_logprob_gap(one, two) < 1e-4
+    # A verify step computes a token's row in a 4-row request where one engine decoded it
+    # alone: the matmuls before its dynamic int8 quantization reduce in another order
+    # (2.9e-6 apart with the reference norms), and an activation at a rounding boundary may
+    # take the neighbouring int8 step (6.5e-3 with the compiled norms): the W8A8 noise the
+    # nightly's DP gate allows (tests/e2e/nightly/suite.py TOL["cpu_w8a8_dp"]).
+    assert max_logprob_gap(one, two) < W8A8_DP_GAP
     busy, idle = (r["acceptance"] for r in two["ranks"])
     assert busy["draft_tokens"] == 3 * busy["drafts"] and idle["drafts"] > 0
     # the idle rank's dummy batches ran its drafter too (its MoE met the busy rank's)

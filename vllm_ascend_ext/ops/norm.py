@@ -26,9 +26,15 @@ KERNEL = "emu_rms_norm"
 def rms_fp32(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
     """RmsNorm over the last dim in fp32: ``x * rsqrt(mean(x^2) + eps) * gamma``.
 
-    The one formula every reference uses (the fused and native SFA routes must agree).
+    The one formula every reference uses (the fused and native SFA routes must agree): in
+    emulation the same compiled kernel as ``npu_rms_norm``'s, so that a model whose steps
+    take either route (the fused prolog for some, the native chain for others) computes
+    each token's norm bit for bit the same way.
     """
     x = x.float()
+    kernel = _kernel_for(x, gamma) if gamma.dim() == 1 else None
+    if kernel is not None:
+        return kernel(x, gamma, eps)[0]
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gamma.float()
 
 
