@@ -184,9 +184,24 @@ at::Tensor rope_one(const at::Tensor& positions, const at::Tensor& x, const at::
 
 }  // namespace
 
+namespace {
+void check_rope(const at::Tensor& positions, const at::Tensor& query, const at::Tensor& key,
+                const at::Tensor& cache, int64_t head_size) {
+  TORCH_CHECK(head_size > 0, "emu_rope: head_size must be positive");
+  TORCH_CHECK(positions.dim() == 1 && query.dim() == 2 && key.dim() == 2 && cache.dim() == 2,
+              "emu_rope: positions [T], query/key [T, heads * head_size], cos_sin_cache 2-D");
+  TORCH_CHECK(query.size(0) == positions.size(0) && key.size(0) == positions.size(0) &&
+                  query.size(1) % head_size == 0 && key.size(1) % head_size == 0,
+              "emu_rope: one position per token, rows of whole heads");
+  TORCH_CHECK(cache.size(1) % 2 == 0 && cache.size(1) <= head_size,
+              "emu_rope: rotary_dim even and at most head_size");
+}
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> rope_emu_kernel(const at::Tensor& positions, const at::Tensor& query,
                                                    const at::Tensor& key, const at::Tensor& cos_sin_cache,
                                                    int64_t head_size, bool neox) {
+  check_rope(positions, query, key, cos_sin_cache, head_size);
   TORCH_CHECK(positions.dim() == 1 && positions.is_contiguous() &&
                   (positions.scalar_type() == at::kLong || positions.scalar_type() == at::kInt),
               "emu_rope: positions 1-D int32/int64, contiguous");
@@ -238,6 +253,13 @@ namespace {
 std::vector<c10::SymInt> sym_shape(const at::Tensor& x) {
   return std::vector<c10::SymInt>(x.sym_sizes().begin(), x.sym_sizes().end());
 }
+// The shape rules of check_norm, on symbolic sizes (the normalised dims are static).
+void meta_check_norm(const at::Tensor& x, const at::Tensor& gamma, const char* op) {
+  TORCH_CHECK(gamma.dim() >= 1 && gamma.dim() <= x.dim(), op, ": gamma must cover x's trailing dims");
+  for (int64_t d = 1; d <= gamma.dim(); ++d)
+    TORCH_CHECK(x.sym_size(-d) == gamma.sym_size(-d), op,
+                ": gamma must match x's trailing dims");
+}
 std::vector<c10::SymInt> sym_rstd_shape(const at::Tensor& x, int64_t trailing) {
   std::vector<c10::SymInt> shape = sym_shape(x);
   for (int64_t d = x.dim() - trailing; d < x.dim(); ++d) shape[d] = 1;
@@ -246,23 +268,32 @@ std::vector<c10::SymInt> sym_rstd_shape(const at::Tensor& x, int64_t trailing) {
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_emu_meta(const at::Tensor& x, const at::Tensor& gamma, double) {
+  meta_check_norm(x, gamma, "emu_rms_norm");
   return {at::empty_symint(sym_shape(x), x.options()),
           at::empty_symint(sym_rstd_shape(x, gamma.dim()), x.options().dtype(at::kFloat))};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_emu_meta(const at::Tensor& x1, const at::Tensor&,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_emu_meta(const at::Tensor& x1, const at::Tensor& x2,
                                                                      const at::Tensor& gamma, double) {
+  meta_check_norm(x1, gamma, "emu_add_rms_norm");
+  meta_check_norm(x2, gamma, "emu_add_rms_norm");
+  TORCH_CHECK(x1.dim() == x2.dim() && x1.scalar_type() == x2.scalar_type(),
+              "emu_add_rms_norm: x1 and x2 must have one shape and dtype");
   return {at::empty_symint(sym_shape(x1), x1.options()),
           at::empty_symint(sym_rstd_shape(x1, gamma.dim()), x1.options().dtype(at::kFloat)),
           at::empty_symint(sym_shape(x1), x1.options())};
 }
 
-std::tuple<at::Tensor, at::Tensor> rope_emu_meta(const at::Tensor&, const at::Tensor& query, const at::Tensor& key,
-                                                 const at::Tensor&, int64_t, bool) {
+std::tuple<at::Tensor, at::Tensor> rope_emu_meta(const at::Tensor& positions, const at::Tensor& query,
+                                                 const at::Tensor& key, const at::Tensor& cache, int64_t head_size,
+                                                 bool) {
+  TORCH_CHECK(head_size > 0 && positions.dim() == 1 && query.dim() == 2 && key.dim() == 2 && cache.dim() == 2,
+              "emu_rope: positions [T], query/key [T, heads * head_size], cos_sin_cache 2-D, head_size > 0");
   return {at::empty_symint(sym_shape(query), query.options()), at::empty_symint(sym_shape(key), key.options())};
 }
 
 at::Tensor swiglu_emu_meta(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1, "emu_swiglu: x must have a last dim");
   std::vector<c10::SymInt> shape = sym_shape(x);
   shape.back() = shape.back() / 2;
   return at::empty_symint(shape, x.options());

@@ -224,7 +224,12 @@ def test_dp2_ep2_with_mtp_equals_one_engine(reference, tmp_path):
     # (2.9e-6 apart with the reference norms), and an activation at a rounding boundary may
     # take the neighbouring int8 step (6.5e-3 with the compiled norms): the W8A8 noise the
     # nightly's DP gate allows (tests/e2e/nightly/suite.py TOL["cpu_w8a8_dp"]).
+    # (measured: 25 of 27 within 3.3e-6, two at 4.3e-3 and 6.5e-3). A drift of every
+    # token, not a rounding step here and there, fails the second bound.
     assert max_logprob_gap(one, two) < W8A8_DP_GAP
+    gaps = [abs(a - b) for pa, pb in zip(one["logprobs"], two["logprobs"])
+            for a, b in zip(pa, pb, strict=True)]
+    assert sum(g <= 1e-4 for g in gaps) >= 0.75 * len(gaps), sorted(gaps)
     busy, idle = (r["acceptance"] for r in two["ranks"])
     assert busy["draft_tokens"] == 3 * busy["drafts"] and idle["drafts"] > 0
     # the idle rank's dummy batches ran its drafter too (its MoE met the busy rank's)

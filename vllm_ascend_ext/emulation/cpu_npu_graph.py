@@ -118,6 +118,7 @@ class _Call:
     copy_into: list          # the capture's output tensors, refilled on replay (functional)
     inputs: frozenset = frozenset()   # kernel calls: input storages (aliasing outputs skipped)
     collective: bool = False          # a process-group collective (``is_collective``)
+    deferred: bool = False            # issued by an update: ``copy_into`` came from its meta
 
 
 @dataclass
@@ -255,19 +256,19 @@ def as_kernel(impl, meta=None):
 
 
 def _kernel_call(recorder, impl, meta, *args, **kwargs):
-    out = None
+    deferred = recorder.defers_kernels and meta is not None
     with _disable_current_modes():
-        if recorder.defers_kernels and meta is not None:
-            out = meta(*args, **kwargs)
+        if deferred:
+            out = meta(*args, **kwargs)   # None: an operator that only writes its arguments
             if any(t.device.type == "meta" for t in _tensors(out)):
-                out = None   # a meta on the meta device: no buffers to refill, run it
-        if out is None:
+                deferred = False   # a meta on the meta device: no buffers to refill, run it
+        if not deferred:
             out = impl(*args, **kwargs)
     inputs = frozenset(_storages((args, kwargs)))
     # outputs that are (views of) its inputs are rewritten by the re-run itself
     declared = tuple((var, var.get()) for var in kernel_context())
     recorder.sink.append(_Call(_InContext(impl, declared), args, kwargs,
-                               _fresh(out, inputs), inputs))
+                               _fresh(out, inputs), inputs, deferred=deferred))
     return out
 
 
@@ -315,6 +316,18 @@ def _tensors(tree) -> list:
 
 def _fresh(out, inputs) -> list:
     return [t for t in _tensors(out) if t.untyped_storage().data_ptr() not in inputs]
+
+
+def _check_deferred(call, into, fresh) -> None:
+    """A task issued by an update refills the outputs its operator's meta gave: the
+    kernel's must match them (else the replay would cast or drop them silently)."""
+    if len(into) != len(fresh) or any(
+            d.shape != s.shape or d.dtype != s.dtype for d, s in zip(into, fresh)):
+        raise GraphCaptureError(
+            f"{getattr(call.func, 'impl', call.func)}: its meta gave outputs "
+            f"{[(tuple(t.shape), t.dtype) for t in into]}, its kernel "
+            f"{[(tuple(t.shape), t.dtype) for t in fresh]} (an update issues the task with "
+            "the meta's outputs)")
 
 
 class _Recorder(TorchDispatchMode):
@@ -427,7 +440,10 @@ class CpuGraph:
                 if len(into) == 1 and not call.inputs and isinstance(result, torch.Tensor):
                     into[0].copy_(result)   # a functional op's one result
                 else:
-                    for dst, src in zip(into, _fresh(result, call.inputs)):
+                    fresh = _fresh(result, call.inputs)
+                    if call.deferred:
+                        _check_deferred(call, into, fresh)
+                    for dst, src in zip(into, fresh):
                         dst.copy_(src)
         self.replays += 1
 

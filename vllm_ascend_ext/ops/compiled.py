@@ -50,7 +50,8 @@ def vector_path() -> str | None:
 
 
 def last_kernel_threads() -> int:
-    """Threads the last emulation kernel call ran its parallel region on: one body per
-    thread of ``torch.get_num_threads()``, whatever the machine's load (0 before any)."""
+    """Threads the last FIA or GDN emulation kernel call ran its parallel region on: one
+    body per thread of ``torch.get_num_threads()``, whatever the machine's load (0 before
+    any; the layer-op kernels do not report)."""
     kernel = emulation_kernel("emu_last_threads", torch.device("cpu"))
     return kernel() if kernel is not None else 0

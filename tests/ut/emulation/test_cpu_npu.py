@@ -109,6 +109,45 @@ def test_a_task_update_replaces_only_that_tasks_calls(rt):
     assert handle.updates == 1 and len(g.tasks()) == 1
 
 
+def test_an_update_defers_a_kernel_to_replay_and_refuses_a_meta_that_disagrees(rt):
+    """An NPU operator re-issued by an update runs its meta there (checks, outputs without
+    data); the replay computes it into those outputs, and a meta whose outputs the kernel
+    does not produce is named at the replay instead of being cast or dropped silently."""
+    from vllm_ascend_ext.emulation.cpu_npu_graph import GraphCaptureError, as_kernel
+
+    calls = []
+
+    def kernel(x, k):
+        calls.append(k)
+        return x * k
+
+    def meta(x, k):
+        return torch.empty_like(x)
+
+    def wrong_meta(x, k):
+        return torch.empty(x.shape[0] + 1)
+
+    x, out = torch.ones(3), torch.zeros(3)
+    g = rt.NPUGraph()
+    with rt.graph(g):
+        rt.graph_task_group_begin(rt.current_stream())
+        out.copy_(as_kernel(kernel, meta)(x, 2.0))
+        handle = rt.graph_task_group_end(rt.current_stream())
+    calls.clear()
+    rt.graph_task_update_begin(rt.current_stream(), handle)
+    out.copy_(as_kernel(kernel, meta)(x, 5.0))
+    rt.graph_task_update_end(rt.current_stream())
+    assert calls == []                            # issued, not computed
+    x.fill_(3.0)
+    g.replay()
+    assert calls == [5.0] and out.tolist() == [15.0] * 3
+    rt.graph_task_update_begin(rt.current_stream(), handle)
+    out.copy_(as_kernel(kernel, wrong_meta)(x, 5.0)[:3])
+    rt.graph_task_update_end(rt.current_stream())
+    with pytest.raises(GraphCaptureError, match="its meta gave outputs"):
+        g.replay()
+
+
 # -- FIA decode graphs through the stand-in ---------------------------------------------------
 
 def _capture_fia(rt, n_layers=2):

@@ -118,6 +118,39 @@ def test_swiglu_equals_float64(dtype):
         _close(got, want, dtype)
 
 
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+def test_each_kernel_rounds_once_to_nearest(dtype):
+    """The fp32 result rounded once, to nearest: the kernel on the low-precision input
+    equals the same kernel on its exact fp32 copy, rounded (a truncating kernel fails)."""
+    torch.manual_seed(6)
+    x, gamma = torch.randn(16, 64, dtype=dtype), torch.randn(64, dtype=dtype)
+    assert torch.equal(norm.rms_norm_emulated(x, gamma, 1e-6)[0],
+                       norm.rms_norm_emulated(x.float(), gamma, 1e-6)[0].to(dtype))
+    r = torch.randn(16, 64, dtype=dtype)
+    y, _, total = arn.add_rms_norm_emulated(x, r, gamma, 1e-6)
+    y32, _, total32 = arn.add_rms_norm_emulated(x.float(), r.float(), gamma, 1e-6)
+    assert torch.equal(y, y32.to(dtype)) and torch.equal(total, total32.to(dtype))
+    s = torch.randn(16, 128, dtype=dtype) * 3
+    assert torch.equal(gm.swiglu_emulated(s), gm.swiglu_emulated(s.float()).to(dtype))
+
+
+def test_a_two_dim_gamma_and_int32_positions_and_an_empty_batch():
+    torch.manual_seed(7)
+    x, gamma = torch.randn(3, 4, 8), torch.randn(4, 8)
+    y, rstd = norm.rms_norm_emulated(x, gamma, 1e-6)
+    want = x.double() / torch.sqrt(x.double().pow(2).mean((-2, -1), keepdim=True) + 1e-6) \
+        * gamma.double()
+    _close(y, want, torch.float32)
+    assert rstd.shape == (3, 1, 1)
+    q, k, cache = torch.randn(3, 64), torch.randn(3, 32), torch.randn(10, 16)
+    pos = torch.tensor([9, 0, 4], dtype=torch.int32)
+    got = mrope.mrope_emulated(pos, q, k, cache, 32)
+    _close(got[0], _rope64(q, pos.long(), cache, 32, True), torch.float32)
+    empty = norm.rms_norm_emulated(torch.randn(0, 8), torch.randn(8), 1e-6)[0]
+    assert empty.shape == (0, 8)
+    assert gm.swiglu_emulated(torch.randn(0, 6)).shape == (0, 3)
+
+
 def test_cases_the_kernels_do_not_take_run_the_reference(monkeypatch):
     """The negative control of the kernel path: a kernel that answers wrong changes the
     results of the cases it takes, not of the ones it leaves to the reference."""
