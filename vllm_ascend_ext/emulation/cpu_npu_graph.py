@@ -209,20 +209,8 @@ def _writes(func) -> bool:
 
 
 def _storages(tree) -> set:
-    """The storages of the tensors in ``tree`` (nested tuples, lists and dicts: an
-    operator's arguments or results)."""
-    found: set = set()
-    stack = [tree]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            if item.device.type != "meta":
-                found.add(item.untyped_storage().data_ptr())
-        elif isinstance(item, (tuple, list)):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-    return found
+    """The storages of the tensors in ``tree`` (an operator's arguments or results)."""
+    return {t.untyped_storage().data_ptr() for t in _tensors(tree) if t.device.type != "meta"}
 
 
 def _has_bool_index(func, args) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops._dispatch import torch_npu_module
-from vllm_ascend_ext.ops.compiled import LAYER_KERNEL_DTYPES, emulation_kernel, trailing_contiguous
+from vllm_ascend_ext.ops.compiled import layer_kernel
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.op_record import NpuOp
 
@@ -55,9 +55,8 @@ def add_rms_norm_emulated(x1, x2, gamma, epsilon=1e-6):
     """The compiled kernel (``csrc/emu_layer_ops.cpp``: the fp32 add, its normalisation and
     both roundings in one pass per row) after the reference's checks, or the reference."""
     _check(x1, x2, gamma)
-    kernel = emulation_kernel(KERNEL, x1.device)
-    if kernel is None or x1.dtype not in LAYER_KERNEL_DTYPES or not (
-            trailing_contiguous(x1, gamma.dim()) and trailing_contiguous(x2, gamma.dim())):
+    kernel = layer_kernel(KERNEL, gamma.dim(), x1, x2)
+    if kernel is None:
         return add_rms_norm_reference(x1, x2, gamma, epsilon)
     return kernel(x1, x2, gamma, epsilon)
 

@@ -42,6 +42,14 @@ def trailing_contiguous(t: torch.Tensor, dims: int) -> bool:
     return True
 
 
+def layer_kernel(name: str, dims: int, *tensors: torch.Tensor) -> Callable[..., Any] | None:
+    """The layer-op kernel ``name`` where it takes ``tensors`` (a dtype it computes, their
+    last ``dims`` dims contiguous), else None."""
+    if not all(t.dtype in LAYER_KERNEL_DTYPES and trailing_contiguous(t, dims) for t in tensors):
+        return None
+    return emulation_kernel(name, tensors[0].device)
+
+
 def vector_path() -> str | None:
     """Which vector path the kernels take on this CPU (``avx2`` / ``default``), or None
     without the library."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from vllm_ascend_ext.ops._dispatch import torch_npu_module
-from vllm_ascend_ext.ops.compiled import LAYER_KERNEL_DTYPES, emulation_kernel, trailing_contiguous
+from vllm_ascend_ext.ops.compiled import layer_kernel
 from vllm_ascend_ext.ops.counting import npu_op
 from vllm_ascend_ext.ops.op_record import NpuOp
 
@@ -57,9 +57,7 @@ def rms_norm_reference(x, gamma, epsilon=1e-6):
 
 def _kernel_for(x, gamma):
     """The compiled kernel (``csrc/emu_layer_ops.cpp``) where it takes these tensors."""
-    if x.dtype not in LAYER_KERNEL_DTYPES or not trailing_contiguous(x, gamma.dim()):
-        return None
-    return emulation_kernel(KERNEL, x.device)
+    return layer_kernel(KERNEL, gamma.dim(), x)
 
 
 def rms_norm_emulated(x, gamma, epsilon=1e-6):
